@@ -1,0 +1,120 @@
+"""`skippy` command line: build the native layer, make or fetch models, generate text."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from loguru import logger
+
+from .errors import SkippyError
+
+
+def _build(args: argparse.Namespace) -> int:
+    from .native import BuildFlags, ensure_built
+
+    started = time.monotonic()
+    flags = BuildFlags(native=not args.portable, cuda=args.cuda)
+    build = ensure_built(flags, tools=args.tools, progress=not args.quiet)
+    print(f"native build ready: {build.root} ({time.monotonic() - started:.1f}s)")
+    if args.tools:
+        for name in ("llama-server", "llama-batched-bench"):
+            print(f"  {build.tool(name)}")
+    return 0
+
+
+def _synth(args: argparse.Namespace) -> int:
+    from .models import synth, synthetic_model
+
+    if args.out:
+        path = synth.write_synthetic(args.family, args.out, seed=args.seed)
+    else:
+        path = synthetic_model(args.family, seed=args.seed)
+    print(path)
+    return 0
+
+
+def _fetch(args: argparse.Namespace) -> int:
+    from .models import real_model
+
+    print(real_model(args.name))
+    return 0
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from ._generate import generate_tokens
+    from .models import resolve_model
+    from .native import Context, ContextOptions, Model, ensure_built
+    from .sampling import Sampler, SamplingParams
+
+    ensure_built()
+    path = resolve_model(args.model, args.family)
+    sampler = Sampler(SamplingParams(temperature=args.temperature, seed=args.seed))
+    with Model(path) as model:
+        prompt = model.tokenizer.tokenize(args.prompt)
+        n_ctx = min(max(model.n_ctx_train, 256), max(512, len(prompt) + args.max_tokens))
+        opts = ContextOptions(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_seq_max=1, threads=args.threads)
+        with Context(model, opts) as ctx:
+            stream = model.tokenizer.stream_decoder()
+            sys.stdout.write(args.prompt)
+            for token in generate_tokens(ctx, prompt, args.max_tokens, sampler):
+                if model.tokenizer.is_eog(token):
+                    break
+                sys.stdout.write(stream.push(token))
+                sys.stdout.flush()
+            sys.stdout.write(stream.flush() + "\n")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="skippy", description=__doc__)
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO (llama.cpp's own log: SKIPPY_LLAMA_LOG)")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    build = sub.add_parser("build", help="fetch, patch and build llama.cpp and the cffi extension (cached)")
+    build.add_argument("--tools", action="store_true", help="also build llama-server and llama-batched-bench")
+    build.add_argument("--cuda", action="store_true", help="build with CUDA (needs nvcc)")
+    build.add_argument("--portable", action="store_true", help="GGML_NATIVE off: no -march=native")
+    build.add_argument("--quiet", action="store_true", help="no progress bar")
+    build.set_defaults(func=_build)
+
+    models = sub.add_parser("models", help="model files").add_subparsers(dest="models_command", required=True)
+    synth_p = models.add_parser("synth", help="write a tiny synthetic model of a KV family")
+    synth_p.add_argument("family")
+    synth_p.add_argument("--seed", type=int, default=0)
+    synth_p.add_argument("--out", type=Path)
+    synth_p.set_defaults(func=_synth)
+    fetch_p = models.add_parser("fetch", help="fetch a real model (smollm2, gemma3) into the cache")
+    fetch_p.add_argument("name", nargs="?", default="smollm2")
+    fetch_p.set_defaults(func=_fetch)
+
+    gen = sub.add_parser("generate", help="generate text from a prompt (greedy unless --temperature)")
+    gen.add_argument("prompt")
+    where = gen.add_mutually_exclusive_group()
+    where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
+    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    gen.add_argument("--max-tokens", type=int, default=64)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--threads", type=int, default=2)
+    gen.set_defaults(func=_generate)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logger.remove()
+    logger.add(sys.stderr, level="INFO" if args.verbose else "WARNING")
+    try:
+        return args.func(args)
+    except SkippyError as exc:
+        print(f"skippy: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

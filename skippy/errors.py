@@ -1,0 +1,70 @@
+"""Named errors: every failure a caller can act on has its own class."""
+
+from __future__ import annotations
+
+
+class SkippyError(Exception):
+    """Base of every error Skippy raises on purpose."""
+
+
+# -- native substrate ---------------------------------------------------------
+
+
+class NativeBuildError(SkippyError):
+    """Fetching, patching or compiling llama.cpp failed."""
+
+
+class PatchApplyError(NativeBuildError):
+    """A patch in patches/ does not apply to the pinned source."""
+
+    def __init__(self, patch: str, detail: str) -> None:
+        super().__init__(f"patch {patch} does not apply to the pinned llama.cpp: {detail}")
+        self.patch = patch
+
+
+class NativeNotBuiltError(SkippyError):
+    """The native library for this configuration has not been built yet."""
+
+
+class ModelLoadError(SkippyError):
+    """A model file is missing, truncated, not GGUF, or rejected by llama.cpp."""
+
+
+class ModelFetchError(SkippyError):
+    """A model could not be fetched or failed its checksum."""
+
+
+class ClosedError(SkippyError):
+    """A model or context was used after close()."""
+
+
+class ContextError(SkippyError):
+    """llama.cpp refused to create a context with these options."""
+
+
+class InvalidInputError(SkippyError, ValueError):
+    """An argument was rejected in Python before reaching C."""
+
+
+class InvalidBatchError(InvalidInputError):
+    """A batch was rejected before reaching C (bad token, seq id or position)."""
+
+
+class DecodeError(SkippyError):
+    """llama_decode failed; `code` is its return value."""
+
+    def __init__(self, code: int, message: str | None = None) -> None:
+        super().__init__(message or f"llama_decode failed with code {code}")
+        self.code = code
+
+
+class NoKvSlotError(DecodeError):
+    """llama_decode returned 1: the memory has no room for this batch."""
+
+
+class DecodeAbortedError(DecodeError):
+    """llama_decode returned 2: aborted by the abort callback."""
+
+
+class StateError(SkippyError):
+    """Saving or restoring a sequence's state failed."""

@@ -1,0 +1,20 @@
+"""The only code that touches llama.cpp: build, cffi bindings and safe wrappers."""
+
+from ._build import BuildFlags, NativeBuild, ensure_built, locate
+from .batch import Batch
+from .context import Context, ContextOptions
+from .model import Model
+from .tokenizer import TextStream, Tokenizer
+
+__all__ = [
+    "Batch",
+    "BuildFlags",
+    "Context",
+    "ContextOptions",
+    "Model",
+    "NativeBuild",
+    "TextStream",
+    "Tokenizer",
+    "ensure_built",
+    "locate",
+]

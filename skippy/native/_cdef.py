@@ -1,0 +1,160 @@
+"""The C surface of llama.h that Skippy uses, for cffi API mode.
+
+API mode lets structs end in `...;`: the C compiler fills in layout from the real
+(patched) llama.h, so only the fields we touch are declared here and a field
+added upstream can never shift our offsets.
+"""
+
+CDEF = r"""
+typedef int32_t llama_token;
+typedef int32_t llama_pos;
+typedef int32_t llama_seq_id;
+
+struct llama_model;
+struct llama_context;
+struct llama_vocab;
+typedef struct llama_memory_i * llama_memory_t;
+
+enum ggml_log_level {
+    GGML_LOG_LEVEL_NONE, GGML_LOG_LEVEL_DEBUG, GGML_LOG_LEVEL_INFO,
+    GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR, GGML_LOG_LEVEL_CONT, ...
+};
+typedef void (*ggml_log_callback)(enum ggml_log_level level, const char * text, void * user_data);
+typedef bool (*ggml_abort_callback)(void * data);
+
+enum llama_flash_attn_type {
+    LLAMA_FLASH_ATTN_TYPE_AUTO, LLAMA_FLASH_ATTN_TYPE_DISABLED, LLAMA_FLASH_ATTN_TYPE_ENABLED, ...
+};
+
+struct llama_model_params {
+    int32_t n_gpu_layers;
+    bool vocab_only;
+    bool use_extra_bufts;
+    ...;
+};
+
+struct llama_context_params {
+    uint32_t n_ctx;
+    uint32_t n_batch;
+    uint32_t n_ubatch;
+    uint32_t n_seq_max;
+    int32_t  n_threads;
+    int32_t  n_threads_batch;
+    enum llama_flash_attn_type flash_attn_type;
+    bool embeddings;
+    bool no_perf;
+    bool swa_full;
+    bool kv_unified;
+    ...;
+};
+
+typedef struct llama_batch {
+    int32_t n_tokens;
+    llama_token  *  token;
+    float        *  embd;
+    llama_pos    *  pos;
+    int32_t      *  n_seq_id;
+    llama_seq_id ** seq_id;
+    int8_t       *  logits;
+} llama_batch;
+
+struct llama_chat_message {
+    const char * role;
+    const char * content;
+};
+
+enum llama_memory_component_kind {
+    LLAMA_MEMORY_COMPONENT_ATTN, LLAMA_MEMORY_COMPONENT_SWA, LLAMA_MEMORY_COMPONENT_RECURRENT, ...
+};
+struct llama_memory_component_info {
+    int32_t  kind;
+    uint32_t size;
+    uint32_t used;
+    uint64_t bytes;
+};
+
+size_t llama_max_parallel_sequences(void);
+
+void llama_backend_init(void);
+void llama_log_set(ggml_log_callback log_callback, void * user_data);
+
+struct llama_model_params   llama_model_default_params(void);
+struct llama_context_params llama_context_default_params(void);
+
+struct llama_model * llama_model_load_from_file(const char * path_model, struct llama_model_params params);
+void llama_model_free(struct llama_model * model);
+struct llama_context * llama_init_from_model(struct llama_model * model, struct llama_context_params params);
+void llama_free(struct llama_context * ctx);
+
+uint32_t llama_n_ctx(const struct llama_context * ctx);
+uint32_t llama_n_batch(const struct llama_context * ctx);
+uint32_t llama_n_ubatch(const struct llama_context * ctx);
+uint32_t llama_n_seq_max(const struct llama_context * ctx);
+llama_memory_t llama_get_memory(const struct llama_context * ctx);
+void llama_set_n_threads(struct llama_context * ctx, int32_t n_threads, int32_t n_threads_batch);
+void llama_set_abort_callback(struct llama_context * ctx, ggml_abort_callback abort_callback, void * abort_callback_data);
+
+const struct llama_vocab * llama_model_get_vocab(const struct llama_model * model);
+int32_t llama_model_n_ctx_train(const struct llama_model * model);
+int32_t llama_model_n_embd(const struct llama_model * model);
+int32_t llama_model_n_layer(const struct llama_model * model);
+int32_t llama_model_n_head(const struct llama_model * model);
+int32_t llama_model_n_head_kv(const struct llama_model * model);
+int32_t llama_model_n_swa(const struct llama_model * model);
+int32_t llama_model_meta_val_str(const struct llama_model * model, const char * key, char * buf, size_t buf_size);
+int32_t llama_model_desc(const struct llama_model * model, char * buf, size_t buf_size);
+uint64_t llama_model_size(const struct llama_model * model);
+uint64_t llama_model_n_params(const struct llama_model * model);
+const char * llama_model_chat_template(const struct llama_model * model, const char * name);
+bool llama_model_is_recurrent(const struct llama_model * model);
+bool llama_model_is_hybrid(const struct llama_model * model);
+
+int32_t llama_vocab_n_tokens(const struct llama_vocab * vocab);
+llama_token llama_vocab_bos(const struct llama_vocab * vocab);
+llama_token llama_vocab_eos(const struct llama_vocab * vocab);
+bool llama_vocab_is_eog(const struct llama_vocab * vocab, llama_token token);
+bool llama_vocab_get_add_bos(const struct llama_vocab * vocab);
+int32_t llama_tokenize(const struct llama_vocab * vocab, const char * text, int32_t text_len,
+                       llama_token * tokens, int32_t n_tokens_max, bool add_special, bool parse_special);
+int32_t llama_token_to_piece(const struct llama_vocab * vocab, llama_token token, char * buf,
+                             int32_t length, int32_t lstrip, bool special);
+int32_t llama_chat_apply_template(const char * tmpl, const struct llama_chat_message * chat, size_t n_msg,
+                                  bool add_ass, char * buf, int32_t length);
+
+void llama_memory_clear(llama_memory_t mem, bool data);
+bool llama_memory_seq_rm(llama_memory_t mem, llama_seq_id seq_id, llama_pos p0, llama_pos p1);
+void llama_memory_seq_cp(llama_memory_t mem, llama_seq_id seq_id_src, llama_seq_id seq_id_dst, llama_pos p0, llama_pos p1);
+void llama_memory_seq_keep(llama_memory_t mem, llama_seq_id seq_id);
+llama_pos llama_memory_seq_pos_min(llama_memory_t mem, llama_seq_id seq_id);
+llama_pos llama_memory_seq_pos_max(llama_memory_t mem, llama_seq_id seq_id);
+int32_t llama_memory_ledger(llama_memory_t mem, struct llama_memory_component_info * out, int32_t n_max);
+
+size_t llama_state_seq_get_size(struct llama_context * ctx, llama_seq_id seq_id);
+size_t llama_state_seq_get_data(struct llama_context * ctx, uint8_t * dst, size_t size, llama_seq_id seq_id);
+size_t llama_state_seq_set_data(struct llama_context * ctx, const uint8_t * src, size_t size, llama_seq_id dest_seq_id);
+
+int32_t llama_decode(struct llama_context * ctx, struct llama_batch batch);
+float * llama_get_logits(struct llama_context * ctx);
+
+/* ours, in the extension's C source */
+extern "Python" void skippy_log_callback(enum ggml_log_level level, const char * text, void * user_data);
+void skippy_bind_seq_ids(llama_seq_id ** ptrs, llama_seq_id * flat, int32_t n);
+bool skippy_abort_if_flag(void * data);
+"""
+
+C_SOURCE = r"""
+#include "llama.h"
+
+/* Point each token's seq-id slot at one int32 in a flat array, once per batch
+   allocation, so per-step filling is a numpy copy with no per-token Python loop. */
+static void skippy_bind_seq_ids(llama_seq_id ** ptrs, llama_seq_id * flat, int32_t n) {
+    for (int32_t i = 0; i < n; ++i) {
+        ptrs[i] = flat + i;
+    }
+}
+
+/* Abort callback that reads a flag set from Python: no GIL round trip per graph node. */
+static bool skippy_abort_if_flag(void * data) {
+    return __atomic_load_n((volatile int *) data, __ATOMIC_RELAXED) != 0;
+}
+"""

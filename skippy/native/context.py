@@ -1,0 +1,269 @@
+"""One llama_context: decode, memory operations, the KV ledger, per-sequence state.
+
+Not thread-safe by design: the scheduler's RuntimeOwner is its only caller. A
+guard turns accidental concurrent use into an error instead of memory corruption.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from typing import Any, Literal
+
+import attrs
+import numpy as np
+
+from ..errors import (
+    ClosedError,
+    ContextError,
+    DecodeAbortedError,
+    DecodeError,
+    InvalidBatchError,
+    InvalidInputError,
+    NoKvSlotError,
+    StateError,
+)
+from ..kv import ComponentKind, Ledger, MemoryComponent
+from .batch import Batch
+from .model import Model
+
+FlashAttn = Literal["auto", "on", "off"]
+MAX_SEQ = 256  # llama_max_parallel_sequences() in the pinned build; checked at context creation
+
+
+def _default_threads() -> int:
+    return max(1, min(os.cpu_count() or 1, 8))
+
+
+def _positive(instance: Any, attribute: attrs.Attribute, value: int) -> None:
+    if not isinstance(value, int) or value < 1:
+        raise InvalidInputError(f"{attribute.name} must be a positive integer, got {value!r}")
+
+
+@attrs.frozen
+class ContextOptions:
+    n_ctx: int = attrs.field(default=4096, validator=_positive)
+    n_batch: int = attrs.field(default=512, validator=_positive)
+    n_ubatch: int = attrs.field(default=512, validator=_positive)
+    n_seq_max: int = attrs.field(default=1, validator=_positive)
+    kv_unified: bool = True
+    swa_full: bool = False  # the small sliding-window cache is the point of ISWA
+    threads: int = attrs.field(factory=_default_threads, validator=_positive)
+    flash_attn: FlashAttn = "auto"
+
+    def __attrs_post_init__(self) -> None:
+        if self.n_seq_max > MAX_SEQ:
+            raise InvalidInputError(f"n_seq_max {self.n_seq_max} exceeds llama.cpp's limit of {MAX_SEQ}")
+        if self.n_ubatch > self.n_batch:
+            raise InvalidInputError(f"n_ubatch {self.n_ubatch} exceeds n_batch {self.n_batch}")
+        if self.flash_attn not in ("auto", "on", "off"):
+            raise InvalidInputError(f"flash_attn must be auto, on or off, got {self.flash_attn!r}")
+
+
+class Context:
+    def __init__(self, model: Model, options: ContextOptions | None = None) -> None:
+        self.model = model
+        self.options = options or ContextOptions()
+        self._ffi, self._lib = model._ffi, model._lib
+        lib, opts = self._lib, self.options
+        if int(lib.llama_max_parallel_sequences()) < opts.n_seq_max:
+            raise InvalidInputError(f"n_seq_max {opts.n_seq_max} exceeds this build's limit")
+        params = lib.llama_context_default_params()
+        params.n_ctx = opts.n_ctx
+        params.n_batch = opts.n_batch
+        params.n_ubatch = opts.n_ubatch
+        params.n_seq_max = opts.n_seq_max
+        params.n_threads = opts.threads
+        params.n_threads_batch = opts.threads
+        params.kv_unified = opts.kv_unified
+        params.swa_full = opts.swa_full
+        params.no_perf = True
+        params.flash_attn_type = {
+            "auto": lib.LLAMA_FLASH_ATTN_TYPE_AUTO,
+            "on": lib.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            "off": lib.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        }[opts.flash_attn]
+        ptr = lib.llama_init_from_model(model._handle(), params)
+        if ptr == self._ffi.NULL:
+            raise ContextError(f"llama.cpp refused a context with {opts}; see the log above")
+        self._ptr: Any = ptr
+        self._mem = lib.llama_get_memory(ptr)
+        self._abort_flag = self._ffi.new("int *", 0)
+        lib.llama_set_abort_callback(ptr, lib.skippy_abort_if_flag, self._abort_flag)
+        self._guard = threading.Lock()
+        self._ledger_buf = self._ffi.new("struct llama_memory_component_info[]", 8)
+        self.n_vocab = model.n_vocab
+        self.n_ctx = int(lib.llama_n_ctx(ptr))
+        self.n_batch = int(lib.llama_n_batch(ptr))
+        self.n_seq_max = int(lib.llama_n_seq_max(ptr))
+        model._contexts.add(self)
+
+    # -- lifetime ------------------------------------------------------------
+
+    def _handle(self) -> Any:
+        if self._ptr is None:
+            raise ClosedError("context is closed")
+        return self._ptr
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def close(self) -> None:
+        with self._guard:
+            if self._ptr is None:
+                return
+            self._lib.llama_free(self._ptr)
+            self._ptr = None
+            self._mem = None
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if self._ptr is not None and not self.model.closed:
+                self.close()
+        except Exception:
+            pass
+
+    # -- decode --------------------------------------------------------------
+
+    def decode(self, batch: Batch) -> np.ndarray:
+        """Run one llama_decode; returns the output rows' logits, shape (n_outputs, n_vocab).
+
+        The array is a zero-copy, read-only view into llama.cpp's buffer: it is
+        valid until the next decode on this context. Copy what you keep.
+        """
+        if not self._guard.acquire(blocking=False):
+            raise ContextError("context is already in use by another thread")
+        try:
+            ptr = self._handle()
+            self._validate(batch)
+            code = int(self._lib.llama_decode(ptr, batch._as_c()))
+            self._abort_flag[0] = 0
+            if code != 0:
+                raise _decode_error(code)
+            n_out = batch.n_outputs
+            if n_out == 0:
+                return np.empty((0, self.n_vocab), dtype=np.float32)
+            logits = self._lib.llama_get_logits(ptr)
+            view = np.frombuffer(self._ffi.buffer(logits, n_out * self.n_vocab * 4), dtype=np.float32)
+            view = view.reshape(n_out, self.n_vocab)
+            view.flags.writeable = False
+            return view
+        finally:
+            self._guard.release()
+
+    def abort(self) -> None:
+        """Make the running (or next) decode return early with DecodeAbortedError. Thread-safe."""
+        self._abort_flag[0] = 1
+
+    def _validate(self, batch: Batch) -> None:
+        n = batch.n_tokens
+        if n == 0:
+            raise InvalidBatchError("batch is empty")
+        if n > self.n_batch:
+            raise InvalidBatchError(f"{n} tokens exceed n_batch {self.n_batch}")
+        tokens = batch.tokens[:n]
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            bad = int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])
+            raise InvalidBatchError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
+        seq = batch.seq_ids[:n]
+        if seq.min() < 0 or seq.max() >= self.n_seq_max:
+            bad = int(seq[(seq < 0) | (seq >= self.n_seq_max)][0])
+            raise InvalidBatchError(f"seq id {bad} is outside [0, n_seq_max={self.n_seq_max})")
+        pos = batch.positions[:n]
+        if pos.min() < 0:
+            raise InvalidBatchError(f"negative position {int(pos.min())}")
+        order = np.argsort(seq, kind="stable")
+        s, p = seq[order], pos[order]
+        same = s[1:] == s[:-1]
+        steps = np.diff(p)[same]
+        if steps.size and (steps != 1).any():
+            bad_seq = int(s[1:][same][steps != 1][0])
+            raise InvalidBatchError(f"positions of seq {bad_seq} are not consecutive and increasing within the batch")
+        starts = np.flatnonzero(np.concatenate(([True], ~same)))
+        for i in starts:
+            seq_id, first = int(s[i]), int(p[i])
+            last = int(self._lib.llama_memory_seq_pos_max(self._mem, seq_id))
+            if last >= 0 and first != last + 1:
+                raise InvalidBatchError(f"seq {seq_id} continues at position {first}, but its memory ends at {last}")
+
+    # -- memory --------------------------------------------------------------
+
+    def _check_seq(self, seq_id: int, *, allow_all: bool = False) -> None:
+        low = -1 if allow_all else 0
+        if not isinstance(seq_id, (int, np.integer)) or not low <= seq_id < self.n_seq_max:
+            raise InvalidInputError(f"seq id {seq_id!r} is outside [0, n_seq_max={self.n_seq_max})")
+
+    def _memory(self) -> Any:
+        self._handle()
+        return self._mem
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        """Remove positions [p0, p1) of seq_id (-1 = every sequence). False if a partial removal is impossible."""
+        self._check_seq(seq_id, allow_all=True)
+        return bool(self._lib.llama_memory_seq_rm(self._memory(), seq_id, p0, p1))
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        """Give dst the cells of src in [p0, p1): attention cells are shared, not copied."""
+        self._check_seq(src)
+        self._check_seq(dst)
+        self._lib.llama_memory_seq_cp(self._memory(), src, dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        self._check_seq(seq_id)
+        self._lib.llama_memory_seq_keep(self._memory(), seq_id)
+
+    def seq_pos_min(self, seq_id: int) -> int:
+        self._check_seq(seq_id)
+        return int(self._lib.llama_memory_seq_pos_min(self._memory(), seq_id))
+
+    def seq_pos_max(self, seq_id: int) -> int:
+        self._check_seq(seq_id)
+        return int(self._lib.llama_memory_seq_pos_max(self._memory(), seq_id))
+
+    def clear(self, data: bool = False) -> None:
+        self._lib.llama_memory_clear(self._memory(), data)
+
+    def ledger(self) -> Ledger:
+        buf = self._ledger_buf
+        n = int(self._lib.llama_memory_ledger(self._memory(), buf, len(buf)))
+        if n < 0:
+            raise ContextError(f"this model's memory type ({self.model.arch}) has no ledger")
+        return Ledger(tuple(
+            MemoryComponent(ComponentKind(buf[i].kind), int(buf[i].size), int(buf[i].used), int(buf[i].bytes))
+            for i in range(min(n, len(buf)))
+        ))
+
+    # -- per-sequence state (recurrent snapshots) -----------------------------
+
+    def state_get(self, seq_id: int) -> bytes:
+        self._check_seq(seq_id)
+        ptr = self._handle()
+        size = int(self._lib.llama_state_seq_get_size(ptr, seq_id))
+        buf = self._ffi.new("uint8_t[]", max(size, 1))
+        written = int(self._lib.llama_state_seq_get_data(ptr, buf, size, seq_id))
+        if written == 0 and size != 0:
+            raise StateError(f"could not read the state of seq {seq_id}")
+        return self._ffi.buffer(buf, written)[:]
+
+    def state_set(self, seq_id: int, data: bytes) -> None:
+        """Replace seq_id's state with a snapshot from state_get."""
+        self._check_seq(seq_id)
+        ptr = self._handle()
+        read = int(self._lib.llama_state_seq_set_data(ptr, self._ffi.from_buffer(data), len(data), seq_id))
+        if read == 0:
+            raise StateError(f"could not restore a {len(data)}-byte state into seq {seq_id}")
+
+
+def _decode_error(code: int) -> DecodeError:
+    if code == 1:
+        return NoKvSlotError(1, "no KV slot for the batch (memory is full)")
+    if code == 2:
+        return DecodeAbortedError(2, "decode aborted")
+    return DecodeError(code, f"llama_decode failed with code {code}")

@@ -1,0 +1,138 @@
+"""A loaded GGUF model. Owns the llama_model pointer; closing it closes its contexts first."""
+
+from __future__ import annotations
+
+import os
+import weakref
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ..errors import ClosedError, ModelLoadError
+from . import _lib
+from ._gguf_check import check_gguf
+from .tokenizer import Tokenizer
+
+if TYPE_CHECKING:
+    from .context import Context
+
+
+class Model:
+    def __init__(self, path: os.PathLike[str] | str, *, n_gpu_layers: int = 0) -> None:
+        self.path = Path(path)
+        self.arch = check_gguf(self.path)
+        self._ffi, self._lib = _lib.load()
+        params = self._lib.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        ptr = self._lib.llama_model_load_from_file(os.fsencode(self.path), params)
+        if ptr == self._ffi.NULL:
+            raise ModelLoadError(f"llama.cpp could not load {self.path} (arch {self.arch!r}); see the log above")
+        self._ptr: Any = ptr
+        self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()
+        self.tokenizer = Tokenizer(self, self._ffi, self._lib)
+
+    # -- lifetime ------------------------------------------------------------
+
+    def _handle(self) -> Any:
+        if self._ptr is None:
+            raise ClosedError(f"model {self.path.name} is closed")
+        return self._ptr
+
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def close(self) -> None:
+        if self._ptr is None:
+            return
+        for ctx in list(self._contexts):
+            ctx.close()
+        self._lib.llama_model_free(self._ptr)
+        self._ptr = None
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:  # safety net only; callers close deterministically
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    # -- facts ---------------------------------------------------------------
+
+    def _int(self, fn: str) -> int:
+        return int(getattr(self._lib, fn)(self._handle()))
+
+    @property
+    def n_vocab(self) -> int:
+        return self.tokenizer.n_vocab
+
+    @property
+    def n_ctx_train(self) -> int:
+        return self._int("llama_model_n_ctx_train")
+
+    @property
+    def n_embd(self) -> int:
+        return self._int("llama_model_n_embd")
+
+    @property
+    def n_layer(self) -> int:
+        return self._int("llama_model_n_layer")
+
+    @property
+    def n_head(self) -> int:
+        return self._int("llama_model_n_head")
+
+    @property
+    def n_head_kv(self) -> int:
+        return self._int("llama_model_n_head_kv")
+
+    @property
+    def n_swa(self) -> int:
+        return self._int("llama_model_n_swa")
+
+    @property
+    def size_bytes(self) -> int:
+        return self._int("llama_model_size")
+
+    @property
+    def n_params(self) -> int:
+        return self._int("llama_model_n_params")
+
+    @property
+    def is_recurrent(self) -> bool:
+        return bool(self._lib.llama_model_is_recurrent(self._handle()))
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(self._lib.llama_model_is_hybrid(self._handle()))
+
+    @property
+    def description(self) -> str:
+        buf = self._ffi.new("char[]", 256)
+        n = self._lib.llama_model_desc(self._handle(), buf, 256)
+        return self._ffi.string(buf, max(n, 0)).decode("utf-8", "replace")
+
+    def meta(self, key: str) -> str | None:
+        """A GGUF metadata value as text, or None when the key is absent."""
+        size = 256
+        while True:
+            buf = self._ffi.new("char[]", size)
+            n = self._lib.llama_model_meta_val_str(self._handle(), key.encode(), buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return self._ffi.string(buf, n).decode("utf-8", "replace")
+            size = n + 1
+
+    @property
+    def chat_template(self) -> str | None:
+        ptr = self._lib.llama_model_chat_template(self._handle(), self._ffi.NULL)
+        return None if ptr == self._ffi.NULL else self._ffi.string(ptr).decode("utf-8", "replace")
+
+    def __repr__(self) -> str:
+        state = "closed" if self.closed else self.description
+        return f"<Model {self.path.name} arch={self.arch} {state}>"

@@ -1,0 +1,85 @@
+"""Text <-> token ids through the model's own vocabulary."""
+
+from __future__ import annotations
+
+import codecs
+from typing import TYPE_CHECKING, Any, Iterable
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from .model import Model
+
+
+class Tokenizer:
+    """Borrowed from a Model; valid while the model is open."""
+
+    def __init__(self, model: "Model", ffi: Any, lib: Any) -> None:
+        self._model = model
+        self._ffi = ffi
+        self._lib = lib
+
+    @property
+    def _vocab(self) -> Any:
+        return self._lib.llama_model_get_vocab(self._model._handle())
+
+    @property
+    def n_vocab(self) -> int:
+        return int(self._lib.llama_vocab_n_tokens(self._vocab))
+
+    @property
+    def bos(self) -> int:
+        return int(self._lib.llama_vocab_bos(self._vocab))
+
+    @property
+    def eos(self) -> int:
+        return int(self._lib.llama_vocab_eos(self._vocab))
+
+    @property
+    def add_bos(self) -> bool:
+        return bool(self._lib.llama_vocab_get_add_bos(self._vocab))
+
+    def is_eog(self, token: int) -> bool:
+        return bool(self._lib.llama_vocab_is_eog(self._vocab, int(token)))
+
+    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
+        data = text.encode("utf-8")
+        vocab = self._vocab
+        capacity = len(data) + 8
+        while True:
+            out = np.empty(capacity, dtype=np.int32)
+            n = self._lib.llama_tokenize(
+                vocab, data, len(data), self._ffi.from_buffer("llama_token[]", out), capacity,
+                add_special, parse_special,
+            )
+            if n >= 0:
+                return out[:n].copy()
+            capacity = -n
+
+    def piece(self, token: int, *, special: bool = False) -> bytes:
+        buf = self._ffi.new("char[]", 64)
+        n = self._lib.llama_token_to_piece(self._vocab, int(token), buf, 64, 0, special)
+        if n < 0:
+            buf = self._ffi.new("char[]", -n)
+            n = self._lib.llama_token_to_piece(self._vocab, int(token), buf, -n, 0, special)
+        return self._ffi.buffer(buf, n)[:]
+
+    def detokenize(self, tokens: Iterable[int]) -> str:
+        return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
+
+    def stream_decoder(self) -> "TextStream":
+        return TextStream(self)
+
+
+class TextStream:
+    """Turns tokens into text as they arrive, holding back split UTF-8 sequences."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self._tokenizer = tokenizer
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def push(self, token: int) -> str:
+        return self._decoder.decode(self._tokenizer.piece(token))
+
+    def flush(self) -> str:
+        return self._decoder.decode(b"", final=True)
