@@ -19,7 +19,10 @@ class ComponentKind(enum.IntEnum):
 class MemoryComponent:
     kind: ComponentKind
     size: int  # cells (attention: tokens; recurrent: sequence state slots)
-    used: int  # cells owned by at least one sequence; a shared cell counts once
+    # cells owned by at least one sequence; a shared cell counts once. For SWA this
+    # includes out-of-window cells not yet recycled: llama.cpp reuses them lazily, and
+    # sizes the component (window x sequences + ubatch) so every sequence always fits.
+    used: int
     bytes: int  # bytes of the component's buffers
 
     @property

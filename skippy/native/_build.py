@@ -10,6 +10,7 @@ import fcntl
 import hashlib
 import json
 import os
+import platform
 import re
 import shutil
 import subprocess
@@ -45,10 +46,18 @@ class BuildFlags:
     native: bool = attrs.field(factory=lambda: _env_flag("SKIPPY_NATIVE", True))
     cuda: bool = attrs.field(factory=lambda: _env_flag("SKIPPY_CUDA", False))
     build_type: str = "Release"
+    # Some x86 VMs advertise AMX in cpuid but trap on its instructions (SIGILL in ggml's
+    # AMX Q4_1 kernel, seen on this project's machines), so -march=native must not pull it in.
+    # GCC lets an explicit -mno-* win over what -march implies, whatever the order.
+    no_amx: bool = True
 
     def cmake_args(self) -> list[str]:
         on = {True: "ON", False: "OFF"}
-        return [
+        extra = []
+        if self.no_amx and platform.machine() in ("x86_64", "AMD64"):
+            no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+            extra = [f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"]
+        return [*extra,
             f"-DCMAKE_BUILD_TYPE={self.build_type}",
             "-DBUILD_SHARED_LIBS=ON",
             f"-DGGML_NATIVE={on[self.native]}",
