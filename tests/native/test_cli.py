@@ -1,0 +1,51 @@
+"""The `skippy` command as a user runs it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.native
+
+
+def _skippy(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "skippy", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_generate_on_the_default_model_is_repeatable(native_build, smollm2_path):
+    runs = [_skippy("generate", "Once upon a time", "--max-tokens", "16") for _ in range(2)]
+    for run in runs:
+        assert run.returncode == 0, run.stderr
+    assert runs[0].stdout == runs[1].stdout
+    assert runs[0].stdout.startswith("Once upon a time")
+    assert len(runs[0].stdout.strip()) > len("Once upon a time")
+
+
+def test_generate_on_a_synthetic_family(native_build):
+    run = _skippy("generate", "Once upon a time", "--family", "qwen3next", "--max-tokens", "8")
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.startswith("Once upon a time")
+
+
+def test_generate_on_a_missing_model_is_a_clean_error(native_build, tmp_path):
+    run = _skippy("generate", "hi", "--model", str(tmp_path / "missing.gguf"))
+    assert run.returncode == 2
+    assert "model file not found" in run.stderr
+    assert "Traceback" not in run.stderr
+
+
+def test_generate_rejects_zero_max_tokens(native_build):
+    run = _skippy("generate", "hi", "--family", "llama", "--max-tokens", "0")
+    assert run.returncode == 2
+    assert "max_tokens" in run.stderr
+
+
+def test_synth_writes_a_model(tmp_path):
+    out = tmp_path / "m.gguf"
+    run = _skippy("models", "synth", "gemma2", "--seed", "3", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    assert out.read_bytes()[:4] == b"GGUF"
