@@ -68,6 +68,18 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import main as demo_main
+    from .models import resolve_model
+
+    model = resolve_model(args.model, args.family)
+    config = {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "threads": args.threads}
+    if args.n_seq_max:
+        config["n_seq_max"] = args.n_seq_max
+    result = demo_main(model, args.sessions, args.max_tokens, progress=not args.quiet, **config)
+    return 0 if result["failed"] == 0 else 1
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="skippy", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO (llama.cpp's own log: SKIPPY_LLAMA_LOG)")
@@ -100,6 +112,19 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--threads", type=int, default=2)
     gen.set_defaults(func=_generate)
+
+    demo = sub.add_parser("demo", help="N concurrent sessions through one engine; ends with one JSON line")
+    where = demo.add_mutually_exclusive_group()
+    where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
+    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    demo.add_argument("--sessions", type=int, default=16)
+    demo.add_argument("--max-tokens", type=int, default=32)
+    demo.add_argument("--threads", type=int, default=2)
+    demo.add_argument("--n-ctx", type=int, default=4096)
+    demo.add_argument("--n-batch", type=int, default=512)
+    demo.add_argument("--n-seq-max", type=int, default=None, help="ceiling on running sequences (default: derived)")
+    demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    demo.set_defaults(func=_demo)
     return parser
 
 

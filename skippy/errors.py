@@ -68,3 +68,35 @@ class DecodeAbortedError(DecodeError):
 
 class StateError(SkippyError):
     """Saving or restoring a sequence's state failed."""
+
+
+# -- scheduler / engine ---------------------------------------------------------
+
+
+class OverloadedError(SkippyError):
+    """The waiting queue is full: retry later (HTTP 429). Never a decode failure."""
+
+    def __init__(self, waiting: int, limit: int) -> None:
+        super().__init__(f"engine overloaded: {waiting} requests waiting (limit {limit}); retry later")
+        self.waiting = waiting
+        self.limit = limit
+
+
+class EmptyPromptError(InvalidInputError):
+    """The prompt has no tokens."""
+
+
+class PromptTooLongError(InvalidInputError):
+    """prompt + max_tokens do not fit in the context a single sequence can use."""
+
+
+class InvalidMaxTokensError(InvalidInputError):
+    """max_tokens must be a positive integer."""
+
+
+class StepFailedError(SkippyError):
+    """The step carrying this request failed; only that step's requests see it."""
+
+
+class EngineClosedError(SkippyError):
+    """The engine was used after it shut down."""

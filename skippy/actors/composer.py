@@ -1,0 +1,209 @@
+"""Composer actor: drives the step loop over scheduling.Composer.
+
+Per step: sweep cancellations (their cells are freed before anything else) -> relieve
+decode pressure by preemption, or else admit -> compose -> one Step on the runtime ->
+route tokens, release finished sequences -> telemetry. A step that preempted admits
+nothing new.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Sequence
+
+import trio
+from loguru import logger
+
+from ..errors import NoKvSlotError, StepFailedError
+from ..kv import ComponentKind, Ledger
+from ..scheduling.composer import Composer, StepPlan
+from ..scheduling.memory import Headroom, shortfall, step_need
+from ..scheduling.requests import Request
+from ..telemetry import Counters, StepReport
+from ._mail import call, deliver
+from .messages import AdmitQuery, Pressure, Release, Released, Step, StepResult
+
+ATTN = ComponentKind.ATTN
+
+
+class ComposerActor:
+    def __init__(
+        self,
+        policy: Composer,
+        inbox: trio.MemoryReceiveChannel,
+        runtime: trio.MemorySendChannel,
+        admission: trio.MemorySendChannel,
+        preemption: trio.MemorySendChannel,
+        ledger: Ledger,
+        counters: Counters,
+        decode_reserve: int,
+        on_step: Callable[[StepReport], None] | None = None,
+    ) -> None:
+        self.policy = policy
+        self.inbox = inbox
+        self.runtime = runtime
+        self.admission = admission
+        self.preemption = preemption
+        self.ledger = ledger
+        self.counters = counters
+        self.decode_reserve = decode_reserve
+        self.on_step = on_step
+        self.waiting = 0
+        self.step_no = 0
+
+    # -- the loop ------------------------------------------------------------------
+
+    async def run(self) -> None:
+        preempted_last = False
+        async with self.inbox:
+            while True:
+                self._drain()
+                t0 = time.perf_counter()
+                await self._sweep_cancelled()
+                victims = await self._relieve(self._decode_shortfall())
+                admitted: Sequence[Request] = ()
+                if not victims and not preempted_last:
+                    headroom = Headroom.of(self.ledger, self.policy.running, self.decode_reserve)
+                    answer = await call(self.admission, lambda r: AdmitQuery(headroom, r))
+                    admitted, self.waiting = answer.requests, answer.waiting
+                    self.policy.add(admitted)
+                plan = self.policy.compose(self._attn_free())
+                if plan.starved or shortfall(self.ledger, self._need(plan)):
+                    more = await self._relieve(self._decode_shortfall() or {ATTN: plan.starved}, at_least=1)
+                    victims += more
+                    plan = self.policy.compose(self._attn_free())
+                preempted_last = bool(victims)
+                n_running = len(self.policy.running)
+                if plan.n_tokens == 0:
+                    if self.policy.running and not victims:
+                        await self._fail(list(self.policy.running[-1:]), NoKvSlotError(1, "a sequence cannot fit the memory left"))
+                    elif not self.policy.running and not victims:
+                        await self.inbox.receive()  # idle until a submission or cancellation
+                    continue
+                t_compose = time.perf_counter() - t0
+                samplers = tuple(r.sampler for r in plan.output_requests)
+                result: StepResult = await call(self.runtime, lambda r: Step(plan, samplers, r))
+                self.ledger = result.ledger
+                t1 = time.perf_counter()
+                finished, failed, outputs = await self._settle(plan, result)
+                if isinstance(result.error, NoKvSlotError):
+                    victims += await self._relieve({ATTN: plan.n_tokens}, at_least=1)
+                    preempted_last = True
+                t_step = time.perf_counter() - t0
+                self._report(n_running, plan, admitted, victims, finished, failed, outputs, result,
+                             t_compose, time.perf_counter() - t1 + result.t_sample, t_step)
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self.inbox.receive_nowait()
+            except trio.WouldBlock:
+                return
+
+    # -- memory ----------------------------------------------------------------------
+
+    def _attn_free(self) -> int | None:
+        attn = self.ledger.get(ATTN)
+        return attn.free if attn else None
+
+    def _need(self, plan: StepPlan) -> dict[ComponentKind, int]:
+        return step_need(plan.n_tokens, plan.new_sequences)
+
+    def _decode_shortfall(self) -> dict[ComponentKind, int]:
+        decoding = sum(1 for r in self.policy.running if r.pending == 1)
+        return shortfall(self.ledger, step_need(decoding, 0))
+
+    async def _relieve(self, missing: dict[ComponentKind, int], at_least: int = 0) -> list[Request]:
+        """Ask the preemption actor to free cells; drop its victims from the running set."""
+        if not missing and not at_least:
+            return []
+        running = tuple(self.policy.running)
+        answer = await call(self.preemption, lambda r: Pressure(running, missing, at_least, r))
+        for v in answer.victims:
+            self.policy.remove(v)
+        self.ledger = answer.ledger
+        return list(answer.victims)
+
+    async def _release(self, requests: Sequence[Request]) -> None:
+        seq_ids = tuple(r.seq_id for r in requests if r.seq_id is not None)
+        if not seq_ids:
+            return
+        self.ledger = await call(self.runtime, lambda r: Release(seq_ids, r))
+        for r in requests:
+            r.seq_id = None
+        await self.admission.send(Released(seq_ids))
+
+    # -- finishing -------------------------------------------------------------------
+
+    async def _sweep_cancelled(self) -> list[Request]:
+        gone = self.policy.cancelled()
+        if gone:
+            for r in gone:
+                deliver(r.sink, self.policy.end(r, "cancelled").event)
+                self.counters.finished["cancelled"] += 1
+                logger.debug("request {} cancelled while running", r.id)
+            await self._release(gone)
+        return gone
+
+    async def _fail(self, requests: list[Request], cause: Exception) -> None:
+        for r in requests:
+            err = StepFailedError(f"request {r.id} failed in step {self.step_no}: {cause!r}")
+            err.__cause__ = cause
+            deliver(r.sink, self.policy.end(r, "error", err).event)
+            self.counters.finished["error"] += 1
+        logger.warning("step {} failed for {} request(s): {!r}", self.step_no, len(requests), cause)
+        await self._release(requests)
+
+    async def _settle(self, plan: StepPlan, result: StepResult) -> tuple[list[Request], list[Request], int]:
+        """Apply a step's outcome: (finished, failed, output tokens)."""
+        if result.error is None:
+            events, finished = self.policy.apply(plan, result.tokens, result.pieces, result.eog)
+            for e in events:
+                deliver(e.request.sink, e.event)
+                if e.event.final:
+                    self.counters.finished[e.event.finish_reason] += 1
+            await self._release(finished)
+            return finished, [], len(events)
+        in_step = list(dict.fromkeys(c.request for c in plan.chunks if c.request in self.policy.running))
+        if isinstance(result.error, NoKvSlotError):
+            # nothing of the batch stayed in memory; sequences that could not be rolled back restart
+            for r in in_step:
+                if r.seq_id in result.lost:
+                    r.cached = 0
+            return [], [], 0
+        await self._fail(in_step, result.error)
+        return [], in_step, 0
+
+    # -- telemetry -------------------------------------------------------------------
+
+    def _report(self, n_running, plan, admitted, victims, finished, failed, outputs, result, t_compose, t_sample, t_step) -> None:
+        self.step_no += 1
+        ledger = self.ledger
+        report = StepReport(
+            step=self.step_no,
+            running=n_running,
+            waiting=self.waiting,
+            admitted=len(admitted),
+            preempted=len(victims),
+            finished=len(finished),
+            prefill_tokens=plan.n_prefill,
+            decode_tokens=plan.n_decode,
+            kv_used={c.kind: c.used for c in ledger.components},
+            kv_free={c.kind: c.free for c in ledger.components},
+            t_compose=t_compose,
+            t_decode=result.t_decode,
+            t_sample=t_sample,
+            t_step=t_step,
+            decode_ids=tuple(c.request.id for c in plan.chunks if c.decode),
+            prefill_ids=tuple(c.request.id for c in plan.chunks if not c.decode),
+            failed=len(failed),
+        )
+        self.counters.ledger = ledger
+        self.counters.record(report, outputs)
+        logger.debug("step {}: run={} wait={} +{} -{} fin={} prefill={} decode={} kv={} "
+                     "compose={:.2f}ms decode={:.2f}ms sample={:.2f}ms",
+                     report.step, report.running, report.waiting, report.admitted, report.preempted,
+                     report.finished, report.prefill_tokens, report.decode_tokens, dict(report.kv_used),
+                     1e3 * t_compose, 1e3 * result.t_decode, 1e3 * t_sample)
+        if self.on_step is not None:
+            self.on_step(report)

@@ -1,0 +1,104 @@
+"""What the actors say to each other. Frozen; `reply` is the caller's one-shot channel."""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+import attrs
+import numpy as np
+
+from ..kv import ComponentKind, Ledger
+from ..sampling import Sampler
+from ..scheduling.composer import StepPlan
+from ..scheduling.memory import Headroom
+from ..scheduling.requests import Request
+
+# -- to the RuntimeOwner ---------------------------------------------------------
+
+
+@attrs.frozen
+class Step:
+    plan: StepPlan
+    samplers: tuple[Sampler, ...]  # one per output row
+    reply: Any
+
+
+@attrs.frozen
+class StepResult:
+    ledger: Ledger
+    tokens: np.ndarray | None = None  # one per output row
+    pieces: tuple[bytes, ...] = ()
+    eog: tuple[bool, ...] = ()
+    t_decode: float = 0.0
+    t_sample: float = 0.0
+    error: Exception | None = None
+    lost: tuple[int, ...] = ()  # seq ids whose memory could not be rolled back after a failed step
+
+
+@attrs.frozen
+class Release:
+    """seq_rm each sequence entirely; replies with the ledger after."""
+
+    seq_ids: tuple[int, ...]
+    reply: Any
+
+
+# -- to Admission ------------------------------------------------------------------
+
+
+@attrs.frozen
+class Submit:
+    request: Request
+    reply: Any  # None, or the exception to raise in the caller
+
+
+@attrs.frozen
+class Cancel:
+    request: Request
+
+
+@attrs.frozen
+class AdmitQuery:
+    headroom: Headroom
+    reply: Any
+
+
+@attrs.frozen
+class Admitted:
+    requests: tuple[Request, ...]
+    waiting: int
+
+
+@attrs.frozen
+class Requeue:
+    requests: tuple[Request, ...]
+
+
+@attrs.frozen
+class Released:
+    seq_ids: tuple[int, ...]
+
+
+# -- to Preemption -------------------------------------------------------------------
+
+
+@attrs.frozen
+class Pressure:
+    running: tuple[Request, ...]
+    missing: Mapping[ComponentKind, int]
+    at_least: int
+    reply: Any
+
+
+@attrs.frozen
+class Preempted:
+    victims: tuple[Request, ...]
+    ledger: Ledger
+
+
+# -- to the Composer -------------------------------------------------------------------
+
+
+@attrs.frozen
+class Wake:
+    """Something changed (a submission, a cancellation): look again."""

@@ -1,0 +1,98 @@
+"""`skippy demo`: N concurrent, staggered sessions through one engine, with a live progress bar.
+
+Ends with one JSON line (the numbers the scheduler issue's Done-when asks for).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import Any
+
+import trio
+
+TOPICS = [
+    "a lighthouse keeper who finds a message in a bottle", "the first city on Mars", "a cat who learns to code",
+    "an old clockmaker and a broken watch", "a storm at sea", "the last library on earth", "a dragon afraid of fire",
+    "two robots playing chess", "a garden that grows at night", "a detective in a snowy village",
+    "the history of bread", "how bees talk to each other", "a train that never stops", "a violin made of glass",
+    "a child who can speak to trees", "the moon's secret twin", "a baker's impossible cake", "a map with no edges",
+    "a forgotten island festival", "why the sky is blue",
+]
+
+
+def prompt_for(i: int) -> str:
+    topic = TOPICS[i % len(TOPICS)]
+    lead = " It was a quiet morning." * (i // len(TOPICS))
+    return f"Here is a short story about {topic}.{lead} Once upon a time,"
+
+
+async def run_demo(
+    model: Any = None, *, sessions: int, max_tokens: int, stagger: float = 0.02, progress: bool = True, **config: Any
+) -> dict[str, Any]:
+    from tqdm import tqdm
+
+    from .engine import open_engine
+
+    outcome = {"completed": 0, "failed": 0}
+    bar = tqdm(total=sessions * max_tokens, unit="tok", disable=not progress, file=sys.stderr, dynamic_ncols=True)
+    async with open_engine(model, **config) as engine:
+
+        async def session(i: int) -> None:
+            await trio.sleep(i * stagger)
+            try:
+                async for event in engine.generate(prompt_for(i), max_tokens=max_tokens):
+                    if event.token is not None:
+                        bar.update(1)
+                    if event.final:
+                        ok = event.finish_reason in ("stop", "length")
+                        outcome["completed" if ok else "failed"] += 1
+                        if not ok:
+                            print(f"session {i}: {event.finish_reason} {event.error}", file=sys.stderr)
+            except Exception as exc:  # a rejected session is a failure of the demo, never a crash
+                outcome["failed"] += 1
+                print(f"session {i}: {exc!r}", file=sys.stderr)
+            s = engine.stats()
+            bar.set_postfix(running=s.running, waiting=s.waiting, steps=s.steps, done=outcome["completed"])
+
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for i in range(sessions):
+                nursery.start_soon(session, i)
+
+            async def ticker() -> None:
+                while True:
+                    await trio.sleep(0.25)
+                    s = engine.stats()
+                    bar.set_postfix(running=s.running, waiting=s.waiting, steps=s.steps, done=outcome["completed"])
+
+            ticker_scope = trio.CancelScope()
+
+            async def tick() -> None:
+                with ticker_scope:
+                    await ticker()
+
+            nursery.start_soon(tick)
+            while outcome["completed"] + outcome["failed"] < sessions:
+                await trio.sleep(0.05)
+            ticker_scope.cancel()
+        elapsed = time.perf_counter() - started
+        stats = engine.stats()
+    bar.close()
+    return {
+        "completed": outcome["completed"],
+        "failed": outcome["failed"],
+        "max_running": stats.max_running,
+        "steps": stats.steps,
+        "mixed_steps": stats.mixed_steps,
+        "preemptions": stats.preemptions,
+        "out_tok_per_s": round(stats.output_tokens / elapsed, 1) if elapsed else 0.0,
+        "python_overhead_pct": round(stats.python_overhead_pct, 2),
+    }
+
+
+def main(model: Any, sessions: int, max_tokens: int, progress: bool = True, **config: Any) -> dict[str, Any]:
+    result = trio.run(lambda: run_demo(model, sessions=sessions, max_tokens=max_tokens, progress=progress, **config))
+    print(json.dumps(result), flush=True)
+    return result

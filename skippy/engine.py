@@ -1,0 +1,278 @@
+"""The embedded API: `async with open_engine(model, **config) as engine:` then `engine.generate(...)`.
+
+The engine's actors live in a nursery opened inside the caller's task tree, so they
+cannot outlive it; the one worker thread is joined and the context closed on exit.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator, Callable, Mapping, Sequence
+
+import attrs
+import numpy as np
+import trio
+from loguru import logger
+
+from .actors._mail import deliver, poke
+from .actors.admission import AdmissionActor
+from .actors.composer import ComposerActor
+from .actors.messages import Cancel, Submit, Wake
+from .actors.preemption import PreemptionActor
+from .actors.runtime_owner import RuntimeOwner
+from .actors.worker import Worker
+from .errors import EngineClosedError, InvalidInputError
+from .kv import ComponentKind
+from .runtime import ContextRuntime, Runtime
+from .sampling import SamplingParams
+from .scheduling.admission import Admission, fcfs_priority
+from .scheduling.composer import Composer
+from .scheduling.lanes import LanePlan, plan_lanes
+from .scheduling.preemption import Preemption, VictimOrder
+from .scheduling.requests import Request, TokenEvent, validate
+from .telemetry import Counters, EngineStats, StepReport
+
+
+@attrs.frozen(kw_only=True)
+class EngineConfig:
+    n_ctx: int = 4096  # the shared cell pool (unified KV: any one sequence may use all of it)
+    n_batch: int = 512  # tokens per step (decode + prefill chunks); also n_ubatch: one ubatch per step
+    n_seq_max: int | None = None  # ceiling on running sequences; None = derived (lanes.plan_lanes)
+    threads: int | None = None
+    max_waiting: int = 256  # past it, generate() fails fast with OverloadedError
+    decode_reserve: int = 16  # cells promised per running sequence beyond its prompt
+    max_preemptions: int = 3  # then the request is pinned (never preempted again)
+    victim_policy: str | VictimOrder = "newest"  # or "fewest_outputs", or a sort key
+    priority_key: Callable[[Request], tuple] = fcfs_priority
+    floor_ctx_per_session: int = 128
+    reserved_seq_ids: int = 0  # ids kept off the scheduler (e.g. a resident prefix cache)
+    recurrent_budget_bytes: float = 256 * 2**20
+    context_options: Mapping[str, Any] = attrs.field(factory=dict)  # extra ContextOptions fields
+    on_step: Callable[[StepReport], None] | None = None
+
+
+def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
+    """A Runtime for `model` (path, name, Model, or a Runtime itself) and its lane plan."""
+    from .families import KvClass, kv_class
+    from .native import Context, ContextOptions, Model
+
+    if model is None or isinstance(model, (str, os.PathLike)):
+        from .models import resolve_model
+        from .native import ensure_built
+
+        ensure_built(progress=False)
+        m, own = Model(resolve_model(model)), True
+    elif isinstance(model, Model):
+        m, own = model, False
+    else:  # a Runtime already (tests: FakeRuntime)
+        plan = plan_lanes(KvClass.DENSE, model.n_ctx, model.n_batch, requested=min(model.n_seq_max, cfg.n_seq_max or 256),
+                          floor_ctx_per_session=1)
+        return model, plan
+    try:
+        kv = kv_class(m.arch)
+        threads = cfg.threads or min(8, os.cpu_count() or 1)
+        base = dict(n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_batch, threads=threads)
+        base.update(cfg.context_options)
+        per_seq = 0.0
+        if kv.recurrent:  # every lane pays a whole state: price it on a one-lane probe context
+            probe_opts = ContextOptions(**{**base, "n_ctx": min(base["n_ctx"], 256), "n_seq_max": 1})
+            with Context(m, probe_opts) as probe:
+                rec = probe.ledger().get(ComponentKind.RECURRENT)
+                per_seq = rec.bytes / rec.size if rec and rec.size else 0.0
+        plan = plan_lanes(kv, base["n_ctx"], base["n_batch"], requested=cfg.n_seq_max, reserved=cfg.reserved_seq_ids,
+                          floor_ctx_per_session=cfg.floor_ctx_per_session, recurrent_bytes_per_seq=per_seq,
+                          recurrent_budget_bytes=cfg.recurrent_budget_bytes)
+        runtime = ContextRuntime(m, ContextOptions(**{**base, "n_seq_max": plan.n_seq_max}), own_model=own)
+    except BaseException:
+        if own:
+            m.close()
+        raise
+    logger.info("engine: {} n_ctx={} n_batch={} ceiling={} ({})", m.arch, runtime.n_ctx, runtime.n_batch,
+                plan.ceiling, plan.reason)
+    return runtime, plan
+
+
+class GenerationStream:
+    """Async iterator of a request's TokenEvents; the last one has finish_reason and usage.
+
+    Leaving it early (cancelled scope, break + aclose, context exit, garbage) cancels the
+    request: it leaves the queue, or its cells are freed at the next step.
+    """
+
+    def __init__(self, engine: "Engine", request: Request, events: trio.MemoryReceiveChannel,
+                 submitted: trio.MemoryReceiveChannel) -> None:
+        self._engine = engine
+        self.request = request
+        self._events = events
+        self._submitted: trio.MemoryReceiveChannel | None = submitted
+        self._done = False
+
+    def __aiter__(self) -> "GenerationStream":
+        return self
+
+    async def __anext__(self) -> TokenEvent:
+        try:
+            if self._submitted is not None:
+                try:
+                    answer = await self._submitted.receive()
+                except trio.EndOfChannel:
+                    answer = None  # engine closing: the events channel says how it ended
+                self._submitted = None
+                if answer is not None:
+                    self._done = True
+                    self._engine._forget(self.request)
+                    raise answer
+            if self._done:
+                raise StopAsyncIteration
+            try:
+                event = await self._events.receive()
+            except trio.EndOfChannel:
+                self._done = True
+                raise StopAsyncIteration from None
+        except trio.Cancelled:
+            self.cancel()
+            raise
+        if event.final:
+            self._done = True
+            self._engine._forget(self.request)
+        return event
+
+    def cancel(self) -> None:
+        if self._done:
+            return
+        self._done = True
+        self._engine._cancel(self.request)
+
+    async def aclose(self) -> None:
+        self.cancel()
+
+    async def __aenter__(self) -> "GenerationStream":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.cancel()
+
+    def __del__(self) -> None:
+        try:
+            self.cancel()
+        except Exception:
+            pass
+
+
+class Engine:
+    def __init__(self, runtime: Runtime, cfg: EngineConfig, plan: LanePlan) -> None:
+        self.runtime = runtime
+        self.config = cfg
+        self.lanes = plan
+        self.counters = Counters(ceiling=plan.ceiling)
+        self._ids = itertools.count()
+        self._live: dict[int, tuple[Request, trio.MemorySendChannel]] = {}
+        self._closed = False
+        self._runtime_tx, runtime_rx = trio.open_memory_channel(math.inf)
+        self._admission_tx, admission_rx = trio.open_memory_channel(math.inf)
+        self._composer_tx, composer_rx = trio.open_memory_channel(math.inf)
+        self._preemption_tx, preemption_rx = trio.open_memory_channel(math.inf)
+        self.worker = Worker()
+        self._owner = RuntimeOwner(runtime, self.worker, runtime_rx)
+        self._admission = AdmissionActor(
+            Admission(plan.ceiling, cfg.max_waiting, cfg.decode_reserve, cfg.priority_key),
+            admission_rx, self._composer_tx, self.counters)
+        self._preemption = PreemptionActor(
+            Preemption(cfg.victim_policy, cfg.max_preemptions), preemption_rx, self._runtime_tx,
+            self._admission_tx, self.counters)
+        self._composer = ComposerActor(
+            Composer(runtime.n_batch), composer_rx, self._runtime_tx, self._admission_tx, self._preemption_tx,
+            runtime.ledger(), self.counters, cfg.decode_reserve, cfg.on_step)
+        self.counters.ledger = runtime.ledger()
+
+    def _start(self, nursery: trio.Nursery) -> None:
+        nursery.start_soon(self._owner.run, name="skippy.runtime_owner")
+        nursery.start_soon(self._admission.run, name="skippy.admission")
+        nursery.start_soon(self._preemption.run, name="skippy.preemption")
+        nursery.start_soon(self._composer.run, name="skippy.composer")
+
+    # -- public -----------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompt: str | Sequence[int] | np.ndarray,
+        sampling: SamplingParams | Mapping[str, Any] | None = None,
+        *,
+        max_tokens: int = 64,
+        stop: str | Sequence[str] = (),
+        priority: int = 0,
+    ) -> GenerationStream:
+        """Queue a generation now; iterate the result for its TokenEvents.
+
+        Bad input raises here (named InvalidInputError subclasses); a full queue raises
+        OverloadedError from the first iteration.
+        """
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        if isinstance(sampling, Mapping):
+            sampling = SamplingParams(**sampling)
+        sampling = sampling or SamplingParams()
+        if not isinstance(sampling, SamplingParams):
+            raise InvalidInputError(f"sampling must be SamplingParams or a dict, got {type(sampling).__name__}")
+        stops = (stop,) if isinstance(stop, str) else tuple(stop)
+        if not all(isinstance(s, str) for s in stops):
+            raise InvalidInputError("stop must be a string or a sequence of strings")
+        if not isinstance(priority, int):
+            raise InvalidInputError(f"priority must be an integer, got {priority!r}")
+        tokens = self.runtime.tokenize(prompt) if isinstance(prompt, str) else prompt
+        tokens = validate(tokens, max_tokens, self.runtime.n_ctx, self.runtime.n_vocab)
+        rid = next(self._ids)
+        request = Request(rid, tokens, int(max_tokens), sampling, priority, stops, arrival=rid)
+        events_tx, events_rx = trio.open_memory_channel(math.inf)
+        request.sink = events_tx
+        submit_tx, submit_rx = trio.open_memory_channel(1)
+        self._live[rid] = (request, submit_tx)
+        poke(self._admission_tx, Submit(request, submit_tx))
+        return GenerationStream(self, request, events_rx, submit_rx)
+
+    def stats(self) -> EngineStats:
+        return self.counters.snapshot()
+
+    # -- internals --------------------------------------------------------------------
+
+    def _cancel(self, request: Request) -> None:
+        request.cancel_requested = True
+        self._forget(request)
+        poke(self._admission_tx, Cancel(request))
+        poke(self._composer_tx, Wake())
+
+    def _forget(self, request: Request) -> None:
+        self._live.pop(request.id, None)
+
+    def _abandon(self) -> None:
+        """After the actors are gone: every live request ends as cancelled; nobody hangs."""
+        for request, submit_tx in list(self._live.values()):
+            submit_tx.close()
+            deliver(request.sink, TokenEvent(None, "", len(request.generated), "cancelled", request.usage))
+        self._live.clear()
+
+
+@asynccontextmanager
+async def open_engine(model: Any = None, **config: Any) -> AsyncIterator[Engine]:
+    """Open an engine over `model`: a GGUF path, a real model name, a Model, or None for the default."""
+    cfg = EngineConfig(**config)
+    runtime, plan = _open_runtime(model, cfg)
+    engine = None
+    try:
+        engine = Engine(runtime, cfg, plan)
+        async with trio.open_nursery() as nursery:
+            engine._start(nursery)
+            try:
+                yield engine
+            finally:
+                engine._closed = True
+                runtime.abort()
+                nursery.cancel_scope.cancel()
+    finally:
+        if engine is not None:
+            engine._abandon()
+            engine.worker.close()
+        runtime.close()

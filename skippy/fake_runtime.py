@@ -1,0 +1,152 @@
+"""A deterministic stand-in Runtime for scheduler-logic tests (never for llama.cpp behaviour).
+
+Each sequence's next token is a hash of its whole token history, so a sequence
+recomputed after preemption continues exactly as it would have without it, and a
+duplicated or dropped token changes everything after it. Memory is a cell pool with
+the same accounting as the real ledger (one attention cell per token; optionally one
+recurrent slot per sequence); `hidden` cells simulate memory taken by someone else.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .errors import InvalidBatchError, NoKvSlotError
+from .kv import ComponentKind, Ledger, MemoryComponent
+
+_MOD = (1 << 61) - 1
+
+
+def _next_hash(h: int, token: int) -> int:
+    return (h * 1_000_003 + int(token) + 1) % _MOD
+
+
+class FakeRuntime:
+    arch = "fake"
+
+    def __init__(
+        self,
+        n_ctx: int = 1024,
+        n_batch: int = 64,
+        n_seq_max: int = 8,
+        n_vocab: int = 64,
+        *,
+        recurrent: bool = False,
+        eog_every: int = 0,  # 0: never end early; k: tokens whose hash % k == 0 end the generation
+    ) -> None:
+        self.n_ctx, self.n_batch, self.n_seq_max, self.n_vocab = n_ctx, n_batch, n_seq_max, n_vocab
+        self.recurrent = recurrent
+        self.eog_every = eog_every
+        self.hidden = 0
+        self.seqs: dict[int, list[int]] = {}  # seq id -> rolling hash after each cached token
+        self.decodes = 0
+        self.tokens_decoded = 0
+        self.aborted = False
+        self.closed = False
+        self.fail_next: Exception | None = None
+        self.on_decode: Callable[[], None] | None = None  # runs in the worker thread, e.g. to block
+        self._abort = threading.Event()
+
+    # -- the model ------------------------------------------------------------
+
+    def token_for(self, h: int) -> int:
+        if self.eog_every and h % self.eog_every == 0:
+            return 0
+        return 1 + h % (self.n_vocab - 1)
+
+    def solo(self, prompt: Sequence[int], max_tokens: int) -> list[int]:
+        """What a sequence generates alone, greedy: the reference for parity of scheduling."""
+        h = 0
+        for t in prompt:
+            h = _next_hash(h, t)
+        out = []
+        for _ in range(max_tokens):
+            t = self.token_for(h)
+            out.append(t)
+            if t == 0:
+                break
+            h = _next_hash(h, t)
+        return out
+
+    # -- Runtime ----------------------------------------------------------------
+
+    def decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+        if self.on_decode is not None:
+            self.on_decode()
+        if self._abort.is_set():
+            self._abort.clear()
+            from .errors import DecodeAbortedError
+
+            raise DecodeAbortedError(2, "decode aborted")
+        if self.fail_next is not None:
+            exc, self.fail_next = self.fail_next, None
+            raise exc
+        n = int(tokens.size)
+        if n == 0 or n > self.n_batch:
+            raise InvalidBatchError(f"{n} tokens for n_batch {self.n_batch}")
+        new_seqs = {int(s) for s in seq_ids} - {s for s, c in self.seqs.items() if c}
+        if self._used() + n > self.n_ctx or (self.recurrent and self._slots() + len(new_seqs) > self.n_seq_max):
+            raise NoKvSlotError(1, "no KV slot for the batch (memory is full)")
+        expect: dict[int, int] = {}
+        for s, p in zip(seq_ids.tolist(), positions.tolist()):
+            want = expect.get(s, len(self.seqs.get(s, ())))
+            if p != want:
+                raise InvalidBatchError(f"seq {s} continues at position {p}, but its memory ends at {want - 1}")
+            expect[s] = p + 1
+        rows = []
+        for t, s, o in zip(tokens.tolist(), seq_ids.tolist(), outputs.tolist()):
+            cells = self.seqs.setdefault(s, [])
+            cells.append(_next_hash(cells[-1] if cells else 0, t))
+            if o:
+                row = np.zeros(self.n_vocab, dtype=np.float32)
+                row[self.token_for(cells[-1])] = 1.0
+                rows.append(row)
+        self.decodes += 1
+        self.tokens_decoded += n
+        return np.stack(rows) if rows else np.empty((0, self.n_vocab), dtype=np.float32)
+
+    def _used(self) -> int:
+        return sum(len(c) for c in self.seqs.values()) + self.hidden
+
+    def _slots(self) -> int:
+        return sum(1 for c in self.seqs.values() if c)
+
+    def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
+        if seq_id < 0:
+            self.seqs.clear()
+            return True
+        cells = self.seqs.get(seq_id, [])
+        p0 = 0 if p0 < 0 else p0
+        p1 = len(cells) if p1 < 0 else p1
+        if p1 < len(cells) and p0 < p1:
+            return False  # only tails can be cut in this model
+        del cells[p0:]
+        return True
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        raise NotImplementedError("prefix sharing is a later issue")
+
+    def ledger(self) -> Ledger:
+        comps = [MemoryComponent(ComponentKind.ATTN, self.n_ctx, self._used(), self.n_ctx * 64)]
+        if self.recurrent:
+            comps.append(MemoryComponent(ComponentKind.RECURRENT, self.n_seq_max, self._slots(), self.n_seq_max * 1024))
+        return Ledger(tuple(comps))
+
+    def abort(self) -> None:
+        self.aborted = True
+        self._abort.set()
+
+    def tokenize(self, text: str) -> np.ndarray:
+        return np.array([1 + ord(c) % (self.n_vocab - 1) for c in text], dtype=np.int32)
+
+    def piece(self, token: int) -> bytes:
+        return b"" if token == 0 else chr(ord("a") + int(token) % 26).encode()
+
+    def is_eog(self, token: int) -> bool:
+        return int(token) == 0
+
+    def close(self) -> None:
+        self.closed = True

@@ -1,0 +1,14 @@
+"""Pure (sans-IO) scheduling policies: no trio, no llama. The actors are thin loops over these."""
+
+from .admission import Admission, SeqIdPool, fcfs_priority
+from .composer import Chunk, Composer, StepPlan
+from .lanes import LanePlan, plan_lanes
+from .memory import Headroom
+from .preemption import Preemption, fewest_outputs_first, newest_first
+from .requests import FinishReason, Request, RequestState, TokenEvent, Usage
+
+__all__ = [
+    "Admission", "Chunk", "Composer", "FinishReason", "Headroom", "LanePlan", "Preemption", "Request",
+    "RequestState", "SeqIdPool", "StepPlan", "TokenEvent", "Usage", "fcfs_priority", "fewest_outputs_first",
+    "newest_first", "plan_lanes",
+]

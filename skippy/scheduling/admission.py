@@ -1,0 +1,111 @@
+"""The waiting queue and the admission decision: pure, no trio, no llama.
+
+Order: preempted requests first (they already waited once), then by priority,
+then FCFS. Admission is strictly in that order: if the head does not fit, nothing
+behind it is admitted, so a big request cannot be starved by a stream of small ones.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Callable
+
+from ..errors import OverloadedError
+from .memory import Headroom, need
+from .requests import Request, RequestState
+
+PriorityKey = Callable[[Request], tuple]
+
+
+def fcfs_priority(request: Request) -> tuple:
+    """Default order: resumed first, then higher priority, then earlier arrival."""
+    return (0 if request.preemptions else 1, -request.priority, request.arrival)
+
+
+class SeqIdPool:
+    """The lanes: sequence ids 0..ceiling-1, lowest first so ids stay dense."""
+
+    def __init__(self, ceiling: int) -> None:
+        self.ceiling = ceiling
+        self._free = list(range(ceiling - 1, -1, -1))
+
+    def __len__(self) -> int:
+        return len(self._free)
+
+    def take(self) -> int:
+        return self._free.pop()
+
+    def give(self, seq_id: int) -> None:
+        assert seq_id not in self._free, f"seq id {seq_id} returned twice"
+        self._free.append(seq_id)
+        self._free.sort(reverse=True)
+
+
+class Admission:
+    def __init__(
+        self,
+        ceiling: int,
+        max_waiting: int,
+        decode_reserve: int = 16,
+        key: PriorityKey = fcfs_priority,
+    ) -> None:
+        self.lanes = SeqIdPool(ceiling)
+        self.max_waiting = max_waiting
+        self.decode_reserve = decode_reserve
+        self.key = key
+        self.waiting: list[Request] = []  # kept sorted by key
+        self._admissions = itertools.count()
+
+    def submit(self, request: Request) -> None:
+        """Queue a new request, or fail fast with OverloadedError."""
+        if len(self.waiting) >= self.max_waiting:
+            request.state = RequestState.REJECTED
+            raise OverloadedError(len(self.waiting), self.max_waiting)
+        self._insert(request)
+
+    def requeue(self, request: Request) -> None:
+        """A preempted request goes back to the head; never refused, whatever the bound."""
+        if request.seq_id is not None:
+            self.lanes.give(request.seq_id)
+            request.seq_id = None
+        request.cached = 0
+        self._insert(request)
+
+    def _insert(self, request: Request) -> None:
+        request.state = RequestState.WAITING
+        key = self.key(request)
+        i = len(self.waiting)
+        while i > 0 and self.key(self.waiting[i - 1]) > key:
+            i -= 1
+        self.waiting.insert(i, request)
+
+    def cancel(self, request: Request) -> bool:
+        """Remove a waiting request; False if it is not waiting (the composer owns it)."""
+        if request in self.waiting:
+            self.waiting.remove(request)
+            request.state = RequestState.CANCELLED
+            request.finish_reason = "cancelled"
+            return True
+        return False
+
+    def release(self, seq_id: int) -> None:
+        self.lanes.give(seq_id)
+
+    def admit(self, headroom: Headroom) -> list[Request]:
+        """Move requests from the head of the queue while a lane and every component has room."""
+        admitted = []
+        while self.waiting and len(self.lanes):
+            head = self.waiting[0]
+            if head.cancel_requested:
+                self.cancel(head)
+                continue
+            cells = need(head, self.decode_reserve)
+            if not headroom.fits(cells):
+                break
+            headroom = headroom.take(cells)
+            self.waiting.pop(0)
+            head.seq_id = self.lanes.take()
+            head.state = RequestState.RUNNING
+            head.admitted_at = next(self._admissions)
+            admitted.append(head)
+        return admitted

@@ -1,0 +1,166 @@
+"""The running set and step composition: pure, no trio, no llama.
+
+A step is one decode token for every running sequence first, then prefill chunks
+for the others in admission order, under the token budget. So a long prompt is
+chunked across steps and never stalls the sequences that are already decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import attrs
+import numpy as np
+
+from ..errors import SkippyError
+from .requests import FinishReason, Request, RequestState, TokenEvent
+from .text import TextAssembler
+
+
+@attrs.frozen
+class Chunk:
+    request: Request
+    start: int  # position of its first token
+    n: int
+    output: bool  # its last token's logits are sampled
+    decode: bool
+
+
+@attrs.frozen
+class StepPlan:
+    chunks: tuple[Chunk, ...]
+    tokens: np.ndarray
+    positions: np.ndarray
+    seq_ids: np.ndarray
+    outputs: np.ndarray
+    starved: int  # decoding sequences that did not fit the budget: pressure
+
+    @property
+    def n_tokens(self) -> int:
+        return int(self.tokens.size)
+
+    @property
+    def n_decode(self) -> int:
+        return sum(1 for c in self.chunks if c.decode)
+
+    @property
+    def n_prefill(self) -> int:
+        return sum(c.n for c in self.chunks if not c.decode)
+
+    @property
+    def mixed(self) -> bool:
+        return self.n_decode > 0 and self.n_prefill > 0
+
+    @property
+    def new_sequences(self) -> int:
+        """Sequences this step starts from an empty memory (each takes a recurrent slot)."""
+        return sum(1 for c in self.chunks if c.start == 0)
+
+    @property
+    def output_requests(self) -> list[Request]:
+        """Requests of the logits rows, in row order."""
+        return [c.request for c in self.chunks if c.output]
+
+
+@attrs.frozen
+class Emitted:
+    request: Request
+    event: TokenEvent
+
+
+class Composer:
+    def __init__(self, n_batch: int) -> None:
+        self.n_batch = n_batch
+        self.running: list[Request] = []  # admission order
+
+    def add(self, requests: Sequence[Request]) -> None:
+        for r in requests:
+            assert r.seq_id is not None and r.state is RequestState.RUNNING
+            if r.assembler is None:
+                r.assembler = TextAssembler(r.stop)
+            self.running.append(r)
+
+    def remove(self, request: Request) -> None:
+        self.running.remove(request)
+
+    def compose(self, cell_budget: int | None = None) -> StepPlan:
+        """Decode tokens first, then prefill chunks in admission order, within both budgets."""
+        budget = self.n_batch if cell_budget is None else min(self.n_batch, cell_budget)
+        decoding = [r for r in self.running if r.pending == 1]
+        fit = decoding[: max(budget, 0)]
+        chunks = [Chunk(r, r.cached, 1, True, True) for r in fit]
+        left = budget - len(fit)
+        for r in self.running:
+            if left <= 0:
+                break
+            if r.pending > 1:
+                n = min(r.pending, left)
+                chunks.append(Chunk(r, r.cached, n, n == r.pending, False))
+                left -= n
+        n_dec = len(fit)
+        tok = np.empty(budget - left if chunks else 0, dtype=np.int32)
+        pos = np.empty_like(tok)
+        seq = np.empty_like(tok)
+        out = np.zeros(tok.size, dtype=np.int8)
+        if n_dec:
+            tok[:n_dec] = [r.generated[-1] if r.generated else int(r.prompt[-1]) for r in fit]
+            pos[:n_dec] = [r.cached for r in fit]
+            seq[:n_dec] = [r.seq_id for r in fit]
+            out[:n_dec] = 1
+        i = n_dec
+        for c in chunks[n_dec:]:
+            r = c.request
+            tok[i : i + c.n] = r.token_slice(c.start, c.start + c.n)
+            pos[i : i + c.n] = np.arange(c.start, c.start + c.n)
+            seq[i : i + c.n] = r.seq_id
+            out[i + c.n - 1] = c.output
+            i += c.n
+        return StepPlan(tuple(chunks), tok, pos, seq, out, len(decoding) - n_dec)
+
+    def apply(
+        self, plan: StepPlan, tokens: Sequence[int], pieces: Sequence[bytes], eog: Sequence[bool]
+    ) -> tuple[list[Emitted], list[Request]]:
+        """Account a finished step: advance caches, route sampled tokens, detect finishes."""
+        events: list[Emitted] = []
+        finished: list[Request] = []
+        row = 0
+        for c in plan.chunks:
+            r = c.request
+            r.cached += c.n
+            if not c.output:
+                continue
+            tok, piece, end = int(tokens[row]), pieces[row], bool(eog[row])
+            row += 1
+            if r.cancel_requested or r.state is not RequestState.RUNNING:
+                continue  # swept before the next step
+            r.generated.append(tok)
+            index = len(r.generated) - 1
+            reason: FinishReason | None = None
+            if end:
+                text, reason = r.assembler.flush(), "stop"
+            else:
+                text, stopped = r.assembler.push(piece)
+                if stopped:
+                    reason = "stop"
+                elif r.remaining <= 0:
+                    text, reason = text + r.assembler.flush(), "length"
+            if reason is not None:
+                self._finish(r, reason)
+                finished.append(r)
+                events.append(Emitted(r, TokenEvent(tok, text, index, reason, r.usage)))
+            else:
+                events.append(Emitted(r, TokenEvent(tok, text, index)))
+        return events, finished
+
+    def _finish(self, r: Request, reason: FinishReason) -> None:
+        self.running.remove(r)
+        r.finish_reason = reason
+        r.state = RequestState.CANCELLED if reason == "cancelled" else RequestState.FINISHED
+
+    def end(self, r: Request, reason: FinishReason, error: SkippyError | None = None) -> Emitted:
+        """Finish a running request without a token (cancelled or failed)."""
+        self._finish(r, reason)
+        return Emitted(r, TokenEvent(None, "", len(r.generated), reason, r.usage, error))
+
+    def cancelled(self) -> list[Request]:
+        return [r for r in self.running if r.cancel_requested]

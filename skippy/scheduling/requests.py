@@ -1,0 +1,128 @@
+"""Requests and the events they produce: plain data shared by the policies and the actors.
+
+A Request is the one mutable record of a generation; exactly one actor owns it at a
+time (admission while waiting, the composer while running), so no locking is needed.
+Everything that crosses a channel as a message is frozen.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal, Sequence
+
+import attrs
+import numpy as np
+
+from ..errors import EmptyPromptError, InvalidMaxTokensError, PromptTooLongError, SkippyError
+from ..sampling import Sampler, SamplingParams
+
+FinishReason = Literal["stop", "length", "cancelled", "error"]
+
+
+class RequestState(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    CANCELLED = "cancelled"
+    REJECTED = "rejected"
+
+
+@attrs.frozen
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+
+
+@attrs.frozen
+class TokenEvent:
+    """One sampled token (or, for cancel/error, none) and the text it completes.
+
+    `text` may be empty while bytes of a split UTF-8 character or a possible stop
+    string are held back; the final event flushes what is left.
+    """
+
+    token: int | None
+    text: str
+    index: int
+    finish_reason: FinishReason | None = None
+    usage: Usage | None = None
+    error: SkippyError | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.finish_reason is not None
+
+
+@attrs.define(eq=False)
+class Request:
+    """A generation from submission to finish; `cached` counts its tokens in the KV memory."""
+
+    id: int
+    prompt: np.ndarray
+    max_tokens: int
+    sampling: SamplingParams = attrs.field(factory=SamplingParams)
+    priority: int = 0  # higher is served first and preempted last
+    stop: tuple[str, ...] = ()
+    arrival: int = 0  # submission order: FCFS among equal priority
+    state: RequestState = RequestState.WAITING
+    generated: list[int] = attrs.field(factory=list)
+    seq_id: int | None = None
+    cached: int = 0
+    admitted_at: int = -1  # admission order, renewed on every (re)admission
+    preemptions: int = 0
+    pinned: bool = False  # preempted too often: never a victim again, admitted with a full reservation
+    cancel_requested: bool = False
+    finish_reason: FinishReason | None = None
+    sampler: Sampler = attrs.field(init=False)
+    assembler: Any = attrs.field(default=None, init=False)  # its TextAssembler, kept across preemption
+    sink: Any = attrs.field(default=None, init=False, repr=False)  # where its events go (a trio channel)
+
+    def __attrs_post_init__(self) -> None:
+        self.sampler = Sampler(self.sampling)
+
+    @property
+    def n_tokens(self) -> int:
+        """Prompt plus generated: what the KV memory must hold before the next sample."""
+        return int(self.prompt.size) + len(self.generated)
+
+    @property
+    def pending(self) -> int:
+        """Tokens not yet in the KV memory; 1 means the request is decoding."""
+        return self.n_tokens - self.cached
+
+    @property
+    def remaining(self) -> int:
+        return self.max_tokens - len(self.generated)
+
+    def token_slice(self, start: int, stop: int) -> np.ndarray:
+        """Tokens [start, stop) of prompt + generated, without concatenating in the common cases."""
+        p = int(self.prompt.size)
+        if stop <= p:
+            return self.prompt[start:stop]
+        gen = np.asarray(self.generated, dtype=np.int32)
+        if start >= p:
+            return gen[start - p : stop - p]
+        return np.concatenate((self.prompt[start:], gen[: stop - p]))
+
+    @property
+    def usage(self) -> Usage:
+        return Usage(prompt_tokens=int(self.prompt.size), completion_tokens=len(self.generated))
+
+
+def validate(prompt: Sequence[int] | np.ndarray, max_tokens: int, n_ctx: int, n_vocab: int) -> np.ndarray:
+    """Named errors for what can never run; returns the prompt as int32."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens <= 0:
+        raise InvalidMaxTokensError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+    tokens = np.asarray(prompt)
+    if tokens.size == 0:
+        raise EmptyPromptError("prompt is empty")
+    if tokens.ndim != 1 or not np.issubdtype(tokens.dtype, np.integer):
+        raise EmptyPromptError("prompt must be text or a 1-D sequence of token ids") from None
+    if tokens.min() < 0 or tokens.max() >= n_vocab:
+        from ..errors import InvalidInputError
+
+        raise InvalidInputError(f"prompt token ids must lie in [0, {n_vocab})")
+    if tokens.size + max_tokens > n_ctx:
+        raise PromptTooLongError(f"prompt ({tokens.size}) + max_tokens ({max_tokens}) exceed the context ({n_ctx})")
+    return tokens.astype(np.int32, copy=False)

@@ -1,0 +1,115 @@
+"""Per-step telemetry and the engine's counters: plain data, recorded from day one."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import attrs
+
+from .kv import ComponentKind, Ledger
+
+
+@attrs.frozen
+class StepReport:
+    """One step, as the composer saw it."""
+
+    step: int
+    running: int  # sequences in the running set when the step was composed
+    waiting: int
+    admitted: int
+    preempted: int
+    finished: int
+    prefill_tokens: int
+    decode_tokens: int
+    kv_used: Mapping[ComponentKind, int]
+    kv_free: Mapping[ComponentKind, int]
+    t_compose: float  # seconds: admission + composition + batch arrays
+    t_decode: float  # llama_decode in the worker thread
+    t_sample: float  # sampling, detokenizing, routing and stop detection
+    t_step: float  # wall time of the whole step, messaging included
+    decode_ids: tuple[int, ...] = ()  # request ids that got a decode token
+    prefill_ids: tuple[int, ...] = ()  # request ids that got a prefill chunk
+    failed: int = 0
+
+    @property
+    def mixed(self) -> bool:
+        return self.prefill_tokens > 0 and self.decode_tokens > 0
+
+
+@attrs.frozen
+class EngineStats:
+    steps: int
+    mixed_steps: int
+    running: int
+    waiting: int
+    max_running: int
+    submitted: int
+    admitted: int
+    preemptions: int
+    rejected: int
+    finished: Mapping[str, int]  # by finish reason
+    prefill_tokens: int
+    decode_tokens: int
+    output_tokens: int
+    kv_used: Mapping[ComponentKind, int]
+    kv_free: Mapping[ComponentKind, int]
+    t_compose: float
+    t_decode: float
+    t_sample: float
+    t_step: float
+    ceiling: int
+
+    @property
+    def python_overhead_pct(self) -> float:
+        return 100.0 * (self.t_compose + self.t_sample) / self.t_step if self.t_step else 0.0
+
+
+@attrs.define
+class Counters:
+    """Mutable totals behind engine.stats(); written by the actors only."""
+
+    ceiling: int = 0
+    steps: int = 0
+    mixed_steps: int = 0
+    running: int = 0
+    waiting: int = 0
+    max_running: int = 0
+    submitted: int = 0
+    admitted: int = 0
+    preemptions: int = 0
+    rejected: int = 0
+    finished: dict[str, int] = attrs.field(factory=lambda: {"stop": 0, "length": 0, "cancelled": 0, "error": 0})
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
+    output_tokens: int = 0
+    ledger: Ledger | None = None
+    t_compose: float = 0.0
+    t_decode: float = 0.0
+    t_sample: float = 0.0
+    t_step: float = 0.0
+
+    def record(self, r: StepReport, output_tokens: int) -> None:
+        self.steps += 1
+        self.mixed_steps += r.mixed
+        self.running = r.running
+        self.waiting = r.waiting
+        self.max_running = max(self.max_running, r.running)
+        self.prefill_tokens += r.prefill_tokens
+        self.decode_tokens += r.decode_tokens
+        self.output_tokens += output_tokens
+        self.t_compose += r.t_compose
+        self.t_decode += r.t_decode
+        self.t_sample += r.t_sample
+        self.t_step += r.t_step
+
+    def snapshot(self) -> EngineStats:
+        ledger = self.ledger.components if self.ledger else ()
+        return EngineStats(
+            steps=self.steps, mixed_steps=self.mixed_steps, running=self.running, waiting=self.waiting,
+            max_running=self.max_running, submitted=self.submitted, admitted=self.admitted,
+            preemptions=self.preemptions, rejected=self.rejected, finished=dict(self.finished),
+            prefill_tokens=self.prefill_tokens, decode_tokens=self.decode_tokens, output_tokens=self.output_tokens,
+            kv_used={c.kind: c.used for c in ledger}, kv_free={c.kind: c.free for c in ledger},
+            t_compose=self.t_compose, t_decode=self.t_decode, t_sample=self.t_sample, t_step=self.t_step,
+            ceiling=self.ceiling,
+        )
