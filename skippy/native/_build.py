@@ -119,8 +119,19 @@ def build_key(flags: BuildFlags, patches: list[Path], pin: _source.Pin = _source
     return digest.hexdigest()[:16]
 
 
+def dev_tree() -> Path | None:
+    """SKIPPY_LLAMA_DEV_TREE: a directory with src/ (a llama.cpp tree you are editing) and
+    build/ (its CMake build). Skippy builds it incrementally instead of the pinned cache entry:
+    how patches are developed before they are written to patches/."""
+    value = os.environ.get("SKIPPY_LLAMA_DEV_TREE")
+    return Path(value).expanduser().resolve() if value else None
+
+
 def locate(flags: BuildFlags | None = None) -> NativeBuild:
     """Where the build for these flags and the current patches lives (built or not)."""
+    dev = dev_tree()
+    if dev is not None:
+        return NativeBuild(dev)
     flags = flags or BuildFlags()
     return NativeBuild(cache_root() / "native" / build_key(flags, _source.patch_files()))
 
@@ -140,6 +151,8 @@ def ensure_built(flags: BuildFlags | None = None, tools: bool = False, progress:
     """Fetch, patch, configure, compile and wrap; each stage is skipped when already done."""
     flags = flags or BuildFlags()
     build = locate(flags)
+    if dev_tree() is not None:
+        return _ensure_dev_built(build, tools, progress)
     if _complete(build, tools):
         return build
     with _locked(build.root.parent / f"{build.root.name}.lock"):
@@ -161,6 +174,22 @@ def ensure_built(flags: BuildFlags | None = None, tools: bool = False, progress:
             _write_stamp(build, stamp)
         logger.info("native build {} ready in {:.1f}s", build.root.name, time.monotonic() - started)
     return build
+
+
+def _ensure_dev_built(build: NativeBuild, tools: bool, progress: bool) -> NativeBuild:
+    if not (build.src / "include" / "llama.h").exists() or not build.build_dir.is_dir():
+        raise NativeBuildError(f"SKIPPY_LLAMA_DEV_TREE={build.root} needs src/ and a configured build/")
+    targets = ["llama", *(TOOL_TARGETS if tools else ())]
+    _cmake_build(build, targets, progress, "dev tree")  # incremental: seconds when nothing changed
+    stamp = build.read_stamp()
+    if stamp.get("ext") != extension_digest() or stamp.get("lib_mtime") != _lib_mtime(build):
+        _compile_extension(build)
+        _write_stamp(build, {"lib": True, "ext": extension_digest(), "lib_mtime": _lib_mtime(build), "dev": True})
+    return build
+
+
+def _lib_mtime(build: NativeBuild) -> float:
+    return (build.lib_dir / "libllama.so").stat().st_mtime
 
 
 def _complete(build: NativeBuild, tools: bool) -> bool:
