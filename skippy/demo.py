@@ -29,7 +29,7 @@ def prompt_for(i: int) -> str:
 
 
 async def run_demo(
-    model: Any = None, *, sessions: int, max_tokens: int, stagger: float = 0.02, progress: bool = True, **config: Any
+    model: Any = None, *, sessions: int, max_tokens: int, stagger: float = 0.1, progress: bool = True, **config: Any
 ) -> dict[str, Any]:
     from tqdm import tqdm
 

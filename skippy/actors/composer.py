@@ -8,6 +8,7 @@ nothing new.
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable, Sequence
 
@@ -62,23 +63,30 @@ class ComposerActor:
                 await self._sweep_cancelled()
                 victims = await self._relieve(self._decode_shortfall())
                 admitted: Sequence[Request] = ()
-                if not victims and not preempted_last:
+                queried = not victims and not preempted_last
+                if queried:
                     headroom = Headroom.of(self.ledger, self.policy.running, self.decode_reserve)
                     answer = await call(self.admission, lambda r: AdmitQuery(headroom, r))
                     admitted, self.waiting = answer.requests, answer.waiting
                     self.policy.add(admitted)
                 plan = self.policy.compose(self._attn_free())
-                if plan.starved or shortfall(self.ledger, self._need(plan)):
+                stuck = plan.n_tokens == 0 and bool(self.policy.running)
+                if plan.starved or stuck or shortfall(self.ledger, self._need(plan)):
                     more = await self._relieve(self._decode_shortfall() or {ATTN: plan.starved}, at_least=1)
                     victims += more
                     plan = self.policy.compose(self._attn_free())
                 preempted_last = bool(victims)
                 n_running = len(self.policy.running)
                 if plan.n_tokens == 0:
-                    if self.policy.running and not victims:
-                        await self._fail(list(self.policy.running[-1:]), NoKvSlotError(1, "a sequence cannot fit the memory left"))
-                    elif not self.policy.running and not victims:
-                        await self.inbox.receive()  # idle until a submission or cancellation
+                    if victims or not queried:
+                        continue  # the next round may admit
+                    if self.policy.running:  # nothing fits and nobody can be preempted
+                        await self._fail(self.policy.running[-1:], NoKvSlotError(1, "a sequence cannot fit the memory left"))
+                        continue
+                    # idle: wait for a submission or cancellation; poll while requests wait for memory
+                    # held by someone else (it frees without telling us)
+                    with trio.move_on_after(0.05 if self.waiting else math.inf):
+                        await self.inbox.receive()
                     continue
                 t_compose = time.perf_counter() - t0
                 samplers = tuple(r.sampler for r in plan.output_requests)
