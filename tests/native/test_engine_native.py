@@ -1,0 +1,108 @@
+"""The engine on the real library: every KV family, SmolLM2, preemption and cancellation against real memory."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import trio
+
+import skippy
+from skippy._generate import generate_tokens
+from skippy.kv import ComponentKind
+from skippy.native import Context, ContextOptions, Model
+
+pytestmark = pytest.mark.native
+
+FAMILIES = ("llama", "gemma2", "deepseek2", "falcon-h1", "qwen3next")
+
+
+def prompt(i: int, n: int = 12) -> list[int]:
+    return [300 + (i * 7 + 3 * k) % 200 for k in range(n)]
+
+
+async def run_all(engine, specs):
+    out = [None] * len(specs)
+
+    async def one(i, p, kw):
+        out[i] = [e async for e in engine.generate(p, **kw)]
+
+    async with trio.open_nursery() as nursery:
+        for i, (p, kw) in enumerate(specs):
+            nursery.start_soon(one, i, p, kw)
+    return out
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+async def test_concurrent_requests_on_every_family(family, synth_model_path):
+    with trio.fail_after(30):
+        async with skippy.open_engine(synth_model_path(family), n_ctx=512, n_batch=64, n_seq_max=4, threads=1) as engine:
+            specs = [(prompt(i, 6 + 5 * i), {"max_tokens": 6 + 2 * i}) for i in range(6)]
+            results = await run_all(engine, specs)
+            stats = engine.stats()
+            ledger = engine.runtime.ledger()
+    for (p, _), events in zip(specs, results):
+        assert events[-1].finish_reason in ("length", "stop")
+        assert events[-1].usage.prompt_tokens == len(p)
+        assert events[-1].usage.completion_tokens == len([e for e in events if e.token is not None])
+    assert stats.max_running == 4 and stats.mixed_steps > 0
+    assert all(c.used == 0 for c in ledger.components if c.kind != ComponentKind.SWA), ledger
+    assert set(ledger.used) == set(skippy.families.kv_class(engine.runtime.arch).components)
+
+
+async def test_recurrent_families_pay_for_every_lane(synth_model_path):
+    """The derived ceiling of a hybrid is bounded by its per-sequence state; a dense one's is not."""
+    with trio.fail_after(30):
+        async with skippy.open_engine(synth_model_path("falcon-h1"), n_ctx=4096, n_batch=256, threads=1,
+                                      recurrent_budget_bytes=1) as engine:
+            assert engine.lanes.ceiling == 1 and "recurrent" in engine.lanes.reason
+        async with skippy.open_engine(synth_model_path("llama"), n_ctx=4096, n_batch=256, threads=1,
+                                      recurrent_budget_bytes=1) as engine:
+            assert engine.lanes.ceiling == 4096 // 128
+
+
+@pytest.mark.parametrize("family", ["llama", "falcon-h1"])
+async def test_alone_in_the_engine_equals_the_solo_reference(family, synth_model_path):
+    p = np.array(prompt(1, 20), dtype=np.int32)
+    with Model(synth_model_path(family)) as model:
+        opts = ContextOptions(n_ctx=512, n_batch=64, n_ubatch=64, n_seq_max=4, threads=1)
+        with Context(model, opts) as ctx:
+            solo = list(generate_tokens(ctx, p, 12))
+        with trio.fail_after(30):
+            async with skippy.open_engine(model, n_ctx=512, n_batch=64, n_seq_max=4, threads=1) as engine:
+                events = [e async for e in engine.generate(p, max_tokens=12)]
+    assert [e.token for e in events] == solo[: len(events)]
+
+
+async def test_preemption_and_cancellation_on_real_memory(synth_model_path):
+    reports = []
+    with trio.fail_after(30):
+        async with skippy.open_engine(synth_model_path("llama"), n_ctx=256, n_batch=64, n_seq_max=4, threads=1,
+                                      decode_reserve=2, floor_ctx_per_session=16, on_step=reports.append) as engine:
+            specs = [(prompt(i, 40), {"max_tokens": 40}) for i in range(4)]
+            results = await run_all(engine, specs)
+            assert engine.stats().preemptions > 0
+            for events in results:
+                assert [e.index for e in events] == list(range(40)) and events[-1].finish_reason == "length"
+
+            stream = engine.generate(prompt(9, 30), max_tokens=100)
+            with trio.CancelScope() as scope:
+                async for event in stream:
+                    if event.index == 3:
+                        scope.cancel()
+            steps = engine.stats().steps
+            await run_all(engine, [(prompt(10, 4), {"max_tokens": 3})])  # a couple more steps
+            assert engine.stats().steps >= steps + 2
+            assert engine.runtime.ledger().get(ComponentKind.ATTN).used == 0
+    assert all(r.kv_used[ComponentKind.ATTN] <= 256 for r in reports)
+
+
+async def test_smollm2_serves_concurrent_sessions(smollm2_path):
+    texts = ["Once upon a time,", "The capital of France is", "def fibonacci(n):", "Bees communicate by"]
+    with trio.fail_after(60):
+        async with skippy.open_engine(smollm2_path, n_ctx=1024, n_batch=128, threads=1) as engine:
+            results = await run_all(engine, [(t, {"max_tokens": 8}) for t in texts])
+            stats = engine.stats()
+    for events in results:
+        assert events[-1].final and events[-1].finish_reason in ("length", "stop")
+        assert "".join(e.text for e in events).strip()
+    assert stats.max_running == 4 and stats.finished["length"] + stats.finished["stop"] == 4
