@@ -45,6 +45,7 @@ struct llama_context_params {
     bool no_perf;
     bool swa_full;
     bool kv_unified;
+    bool batch_invariant;
     ...;
 };
 

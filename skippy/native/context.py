@@ -50,6 +50,8 @@ class ContextOptions:
     swa_full: bool = False  # the small sliding-window cache is the point of ISWA
     threads: int = attrs.field(factory=_default_threads, validator=_positive)
     flash_attn: FlashAttn = "auto"
+    # Same logits for a sequence whatever shares its batch (patches/0002); needs flash attention.
+    batch_invariant: bool = False
 
     def __attrs_post_init__(self) -> None:
         if self.n_seq_max > MAX_SEQ:
@@ -58,6 +60,8 @@ class ContextOptions:
             raise InvalidInputError(f"n_ubatch {self.n_ubatch} exceeds n_batch {self.n_batch}")
         if self.flash_attn not in ("auto", "on", "off"):
             raise InvalidInputError(f"flash_attn must be auto, on or off, got {self.flash_attn!r}")
+        if self.batch_invariant and self.flash_attn == "off":
+            raise InvalidInputError("batch_invariant needs flash attention (flash_attn auto or on)")
 
 
 class Context:
@@ -77,6 +81,7 @@ class Context:
         params.n_threads_batch = opts.threads
         params.kv_unified = opts.kv_unified
         params.swa_full = opts.swa_full
+        params.batch_invariant = opts.batch_invariant
         params.no_perf = True
         params.flash_attn_type = {
             "auto": lib.LLAMA_FLASH_ATTN_TYPE_AUTO,

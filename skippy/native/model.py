@@ -17,12 +17,16 @@ if TYPE_CHECKING:
 
 
 class Model:
-    def __init__(self, path: os.PathLike[str] | str, *, n_gpu_layers: int = 0) -> None:
+    def __init__(self, path: os.PathLike[str] | str, *, n_gpu_layers: int = 0, repack: bool = True) -> None:
+        """`repack=False` keeps weights in their file layout: the repacked CPU kernels
+        process columns in groups, so batch-invariant serving loads without them."""
         self.path = Path(path)
         self.arch = check_gguf(self.path)
         self._ffi, self._lib = _lib.load()
         params = self._lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
+        params.use_extra_bufts = repack
+        self.repack = repack
         ptr = self._lib.llama_model_load_from_file(os.fsencode(self.path), params)
         if ptr == self._ffi.NULL:
             raise ModelLoadError(f"llama.cpp could not load {self.path} (arch {self.arch!r}); see the log above")
