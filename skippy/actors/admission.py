@@ -55,9 +55,11 @@ class AdmissionActor:
             for r in msg.requests:
                 p.requeue(r)
             self.counters.waiting = len(p.waiting)
+            reply(msg.reply, None)
         elif isinstance(msg, Released):
             for s in msg.seq_ids:
                 p.release(s)
+            reply(msg.reply, None)
         else:  # pragma: no cover
             raise TypeError(f"Admission got {msg!r}")
 

@@ -22,7 +22,7 @@ from ..scheduling.memory import Headroom, shortfall, step_need
 from ..scheduling.requests import Request
 from ..telemetry import Counters, StepReport
 from ._mail import call, deliver
-from .messages import AdmitQuery, Pressure, Release, Released, Step, StepResult
+from .messages import AdmitQuery, LedgerQuery, Pressure, Release, Released, Step, StepResult
 
 ATTN = ComponentKind.ATTN
 
@@ -87,6 +87,7 @@ class ComposerActor:
                     # held by someone else (it frees without telling us)
                     with trio.move_on_after(0.05 if self.waiting else math.inf):
                         await self.inbox.receive()
+                    self.ledger = await call(self.runtime, LedgerQuery)
                     continue
                 t_compose = time.perf_counter() - t0
                 samplers = tuple(r.sampler for r in plan.output_requests)
@@ -139,7 +140,7 @@ class ComposerActor:
         self.ledger = await call(self.runtime, lambda r: Release(seq_ids, r))
         for r in requests:
             r.seq_id = None
-        await self.admission.send(Released(seq_ids))
+        await call(self.admission, lambda r: Released(seq_ids, r))
 
     # -- finishing -------------------------------------------------------------------
 

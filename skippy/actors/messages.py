@@ -43,6 +43,13 @@ class Release:
     reply: Any
 
 
+@attrs.frozen
+class LedgerQuery:
+    """The ledger now (memory may change without a step, e.g. taken by another tenant)."""
+
+    reply: Any
+
+
 # -- to Admission ------------------------------------------------------------------
 
 
@@ -71,12 +78,18 @@ class Admitted:
 
 @attrs.frozen
 class Requeue:
+    """Preempted requests back to the head of the queue; answered once they are there."""
+
     requests: tuple[Request, ...]
+    reply: Any
 
 
 @attrs.frozen
 class Released:
+    """Lanes back to the pool; answered once they are (so lane counts are never seen in flight)."""
+
     seq_ids: tuple[int, ...]
+    reply: Any
 
 
 # -- to Preemption -------------------------------------------------------------------

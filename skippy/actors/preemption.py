@@ -37,7 +37,8 @@ class PreemptionActor:
                     self.policy.preempted(v)
                     logger.debug("preempted request {} (seq {}, {} generated, {} times)",
                                  v.id, v.seq_id, len(v.generated), v.preemptions)
-                # requeue returns the lanes and resets the caches: the composer drops them on reply
-                await self.admission.send(Requeue(tuple(victims)))
+                # requeue returns the lanes and resets the caches; once it is done the composer drops
+                # them from the running set, so a request is never seen in both places
+                await call(self.admission, lambda r: Requeue(tuple(victims), r))
                 self.counters.preemptions += len(victims)
                 reply(msg.reply, Preempted(tuple(victims), ledger))

@@ -20,6 +20,7 @@ FinishReason = Literal["stop", "length", "cancelled", "error"]
 
 
 class RequestState(enum.Enum):
+    NEW = "new"  # created, its submission not yet taken by admission
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -65,7 +66,7 @@ class Request:
     priority: int = 0  # higher is served first and preempted last
     stop: tuple[str, ...] = ()
     arrival: int = 0  # submission order: FCFS among equal priority
-    state: RequestState = RequestState.WAITING
+    state: RequestState = RequestState.NEW
     generated: list[int] = attrs.field(factory=list)
     seq_id: int | None = None
     cached: int = 0

@@ -1,0 +1,210 @@
+"""Hypothesis state machine driving the real actors through trio, over a FakeRuntime.
+
+The engine runs in its own trio loop on a helper thread (hypothesis rules are
+synchronous); rules reach it with trio.from_thread. Placement invariants are checked
+from inside the composer at the end of every step (the one moment no message is in
+flight between actors), everything else from the rules.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import trio
+import trio.from_thread
+from hypothesis import HealthCheck, Phase, event, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
+
+import skippy
+from skippy.errors import OverloadedError
+from skippy.fake_runtime import FakeRuntime
+from skippy.kv import ComponentKind
+from skippy.scheduling import RequestState
+
+pytestmark = pytest.mark.stateful
+
+CAPACITY, CEILING, MAX_PREEMPTIONS = 160, 5, 2
+
+
+class Session:
+    def __init__(self, prompt, max_tokens):
+        self.prompt, self.max_tokens = prompt, max_tokens
+        self.events, self.error, self.done, self.scope, self.request = [], None, False, None, None
+
+    @property
+    def tokens(self):
+        return [e.token for e in self.events if e.token is not None]
+
+
+class EngineMachine(RuleBasedStateMachine):
+    def __init__(self) -> None:
+        super().__init__()
+        self.rt = FakeRuntime(n_ctx=CAPACITY, n_batch=24, n_seq_max=CEILING, n_vocab=32, recurrent=True, eog_every=23)
+        self.sessions: list[Session] = []
+        self.violations: list[str] = []
+        self._ready, self._finished = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=trio.run, args=(self._main,), daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    # -- the engine's own trio loop -------------------------------------------------------
+
+    async def _main(self) -> None:
+        self.token = trio.lowlevel.current_trio_token()
+        self.stop = trio.Event()
+        try:
+            async with trio.open_nursery() as nursery:
+                async with skippy.open_engine(self.rt, max_waiting=6, decode_reserve=3,
+                                              max_preemptions=MAX_PREEMPTIONS, on_step=self._check) as engine:
+                    self.engine, self.nursery = engine, nursery
+                    self._ready.set()
+                    await self.stop.wait()
+        finally:
+            self._finished.set()
+
+    def _check(self, report) -> None:
+        """At the end of a step every request is in exactly one place."""
+        waiting = self.engine._admission.policy.waiting
+        running = self.engine._composer.policy.running
+        lanes = self.engine._admission.policy.lanes
+        for s in self.sessions:
+            r = s.request
+            if r is None or r.state is RequestState.NEW:
+                continue
+            places = (r in waiting, r in running, r.state in (RequestState.FINISHED, RequestState.CANCELLED,
+                                                             RequestState.REJECTED))
+            if sum(places) != 1 or (r in waiting) != (r.state is RequestState.WAITING):
+                self.violations.append(f"step {report.step}: request {r.id} placed {places} in state {r.state}")
+        if len(running) + len(lanes) != CEILING:
+            self.violations.append(f"step {report.step}: {len(running)} running + {len(lanes)} free lanes")
+        for c in self.rt.ledger().components:
+            if c.used > c.size:
+                self.violations.append(f"step {report.step}: {c}")
+
+    async def _consume(self, s: Session) -> None:
+        with trio.CancelScope() as s.scope:
+            try:
+                stream = self.engine.generate(s.prompt, max_tokens=s.max_tokens)
+                s.request = stream.request
+                async for event in stream:
+                    s.events.append(event)
+            except OverloadedError as exc:
+                s.error = exc
+        s.done = True
+
+    def _run(self, fn, *args):
+        return trio.from_thread.run(fn, *args, trio_token=self.token)
+
+    def _run_sync(self, fn, *args):
+        return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
+
+    # -- rules ---------------------------------------------------------------------------
+
+    def _submit(self, prompt_len, max_tokens, first):
+        prompt = [(first + 7 * i) % 31 + 1 for i in range(prompt_len)]
+        s = Session(prompt, min(max_tokens, CAPACITY - prompt_len))
+        self.sessions.append(s)
+        self._run_sync(self.nursery.start_soon, self._consume, s)
+
+    @initialize(n=st.integers(2, 5))
+    def a_busy_start(self, n):
+        for i in range(n):
+            self._submit(20 + 5 * i, 30, i + 1)
+
+    @rule(prompt_len=st.integers(1, 60), max_tokens=st.integers(1, 40), first=st.integers(1, 31))
+    def submit(self, prompt_len, max_tokens, first):
+        self._submit(prompt_len, max_tokens, first)
+
+    @rule(n=st.integers(1, 6))
+    def let_steps_run(self, n):
+        async def wait():
+            target = self.engine.stats().steps + n
+            with trio.move_on_after(0.05):  # pacing only; nothing is asserted on time
+                while self.engine.stats().steps < target and any(not s.done for s in self.sessions):
+                    await trio.sleep(0.0005)
+
+        self._run(wait)
+
+    @precondition(lambda self: self.sessions)
+    @rule(pick=st.integers(0, 10_000))
+    def cancel(self, pick):
+        s = self.sessions[pick % len(self.sessions)]
+        self._run_sync(lambda: s.scope is not None and s.scope.cancel())
+
+    @rule(cells=st.integers(1, 80))
+    def shrink_free_memory(self, cells):
+        def shrink():
+            self.rt.hidden += min(cells, self.rt.ledger().get(ComponentKind.ATTN).free)
+
+        self._run_sync(shrink)
+
+    @rule()
+    def restore_memory(self):
+        self._run_sync(lambda: setattr(self.rt, "hidden", 0))
+
+    # -- invariants ----------------------------------------------------------------------
+
+    @invariant()
+    def nothing_misplaced(self):
+        assert not self.violations, self.violations[:3]
+
+    @invariant()
+    def streams_are_prefixes_of_the_solo_output(self):
+        for s in self.sessions:
+            tokens = list(s.tokens)
+            assert tokens == self.rt.solo(s.prompt, s.max_tokens)[: len(tokens)]
+            assert [e.index for e in s.events if e.token is not None] == list(range(len(tokens)))
+
+    @invariant()
+    def preemption_is_bounded(self):
+        assert all(s.request.preemptions <= MAX_PREEMPTIONS for s in self.sessions if s.request is not None)
+
+    def teardown(self):
+        try:
+            self._run_sync(lambda: setattr(self.rt, "hidden", 0))
+
+            async def drain():
+                with trio.move_on_after(10):  # once submissions stop, everything finishes
+                    while not all(s.done for s in self.sessions):
+                        await trio.sleep(0.001)
+                stuck = [(r.id, r.state, r.preemptions, r.pinned, r.cached, len(r.generated), r.n_tokens, r.max_tokens)
+                         for r in (s.request for s in self.sessions if not s.done) if r is not None]
+                waiting = [r.id for r in self.engine._admission.policy.waiting]
+                running = [r.id for r in self.engine._composer.policy.running]
+                assert not stuck, (stuck, waiting, running, self.engine.stats(), self.rt.ledger())
+
+            self._run(drain)
+            for s in self.sessions:
+                if s.error is not None:
+                    assert isinstance(s.error, OverloadedError) and not s.events
+                    continue
+                if not s.events or not s.events[-1].final:  # its consumer was cancelled and left
+                    assert s.scope.cancel_called
+                    continue
+                last = s.events[-1]
+                assert last.final and not any(e.final for e in s.events[:-1])
+                if last.finish_reason in ("length", "stop"):
+                    assert s.tokens == self.rt.solo(s.prompt, s.max_tokens)
+                else:
+                    assert last.finish_reason == "cancelled", last
+            assert self.rt.ledger().get(ComponentKind.ATTN).used == 0
+            assert not self.violations, self.violations[:3]
+            stats = self.engine.stats()
+            event(f"preempted: {stats.preemptions > 0}")
+            event(f"finish reasons: {sorted(k for k, v in stats.finished.items() if v)}")
+        finally:
+            self._run_sync(self.stop.set)
+            assert self._finished.wait(10)
+            self._thread.join(10)
+            assert not self.engine.worker.alive
+
+
+# No shrink phase: the engine runs concurrently with the rules, so a replay is not step-exact
+# and shrinking would report flakiness instead of a smaller example. The failing program is
+# still printed in full.
+EngineMachine.TestCase.settings = settings(
+    max_examples=30, stateful_step_count=25, phases=[Phase.explicit, Phase.reuse, Phase.generate], deadline=None, suppress_health_check=[HealthCheck.too_slow]
+)
+test_engine_state_machine = EngineMachine.TestCase
