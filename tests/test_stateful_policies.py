@@ -120,6 +120,6 @@ class PolicyMachine(RuleBasedStateMachine):
 
 
 PolicyMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
+    max_examples=100, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_policies_state_machine = PolicyMachine.TestCase
