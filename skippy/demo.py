@@ -29,7 +29,7 @@ def prompt_for(i: int) -> str:
 
 
 async def run_demo(
-    model: Any = None, *, sessions: int, max_tokens: int, stagger: float = 0.1, progress: bool = True, **config: Any
+    model: Any = None, *, sessions: int, max_tokens: int, stagger_steps: int = 1, progress: bool = True, **config: Any
 ) -> dict[str, Any]:
     from tqdm import tqdm
 
@@ -40,7 +40,10 @@ async def run_demo(
     async with open_engine(model, **config) as engine:
 
         async def session(i: int) -> None:
-            await trio.sleep(i * stagger)
+            # staggered in steps, not seconds: session i arrives once the engine has run i steps,
+            # so arrivals land while others decode whatever the machine's speed
+            while engine.stats().steps < i * stagger_steps:
+                await trio.sleep(0.002)
             try:
                 async for event in engine.generate(prompt_for(i), max_tokens=max_tokens):
                     if event.token is not None:
