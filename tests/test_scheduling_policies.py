@@ -229,6 +229,8 @@ def test_lane_ceiling_is_derived_and_family_aware():
                         recurrent_budget_bytes=128 * 2**20)
     assert hybrid.ceiling == 8 and "recurrent" in hybrid.reason
     assert plan_lanes(KvClass.DENSE, n_ctx=4096, n_batch=512, requested=3).ceiling == 3
+    assert plan_lanes(KvClass.DENSE, n_ctx=256, n_batch=64, requested=8).ceiling == 8  # admission gates memory
+    assert plan_lanes(KvClass.DENSE, n_ctx=256, n_batch=64, requested=300).ceiling == 64
 
 
 # -- sampling rows ---------------------------------------------------------------------------

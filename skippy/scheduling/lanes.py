@@ -35,12 +35,17 @@ def plan_lanes(
     recurrent_bytes_per_seq: float = 0.0,
     recurrent_budget_bytes: float = 256 * 2**20,
 ) -> LanePlan:
-    """The ceiling for this family, context and budget; `requested` can only lower it."""
+    """The ceiling for this family, context and budget.
+
+    An explicit `requested` replaces the cells-per-session heuristic (admission gates the
+    memory anyway) but never the hard limits: LLAMA_MAX_SEQ, n_batch, the recurrent budget.
+    """
     limits = {
         "LLAMA_MAX_SEQ - reserved": LLAMA_MAX_SEQ - reserved,
-        "n_ctx / floor_ctx_per_session": max(1, n_ctx // floor_ctx_per_session),
         "n_batch (one decode token per lane per step)": n_batch,
     }
+    if requested is None:
+        limits["n_ctx / floor_ctx_per_session"] = max(1, n_ctx // floor_ctx_per_session)
     if kv_class.recurrent and recurrent_bytes_per_seq > 0:
         limits["recurrent state budget / bytes per sequence"] = max(1, int(recurrent_budget_bytes // recurrent_bytes_per_seq))
     if requested is not None:
