@@ -187,6 +187,9 @@ class EngineMachine(RuleBasedStateMachine):
                 assert last.final and not any(e.final for e in s.events[:-1])
                 if last.finish_reason in ("length", "stop"):
                     assert s.tokens == self.rt.solo(s.prompt, s.max_tokens)
+                elif last.finish_reason == "error":
+                    # memory taken by someone else while only pinned requests run: failed, clearly
+                    assert isinstance(last.error, skippy.StepFailedError), last
                 else:
                     assert last.finish_reason == "cancelled", last
             assert self.rt.ledger().get(ComponentKind.ATTN).used == 0
