@@ -166,7 +166,12 @@ class ComposerActor:
     async def _settle(self, plan: StepPlan, result: StepResult) -> tuple[list[Request], list[Request], int]:
         """Apply a step's outcome: (finished, failed, output tokens)."""
         if result.error is None:
-            events, finished = self.policy.apply(plan, result.tokens, result.pieces, result.eog)
+            try:
+                events, finished = self.policy.apply(plan, result.tokens, result.pieces, result.eog)
+            except Exception as exc:  # a bug in routing must not take the engine down with it
+                in_step = list(dict.fromkeys(c.request for c in plan.chunks if c.request in self.policy.running))
+                await self._fail(in_step, exc)
+                return [], in_step, 0
             for e in events:
                 deliver(e.request.sink, e.event)
                 if e.event.final:

@@ -44,6 +44,17 @@ class Release:
 
 
 @attrs.frozen
+class SeqCopy:
+    """seq_cp: dst shares src's cells in [p0, p1) (prefix sharing); replies with the ledger after."""
+
+    src: int
+    dst: int
+    p0: int
+    p1: int
+    reply: Any
+
+
+@attrs.frozen
 class LedgerQuery:
     """The ledger now (memory may change without a step, e.g. taken by another tenant)."""
 

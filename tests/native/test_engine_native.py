@@ -106,3 +106,18 @@ async def test_smollm2_serves_concurrent_sessions(smollm2_path):
         assert events[-1].final and events[-1].finish_reason in ("length", "stop")
         assert "".join(e.text for e in events).strip()
     assert stats.max_running == 4 and stats.finished["length"] + stats.finished["stop"] == 4
+
+
+async def test_the_runtime_owner_applies_seq_cp_on_request(synth_model_path):
+    """The prefix-sharing hook: a copy shares cells, so the ledger does not grow."""
+    from skippy.actors._mail import call
+    from skippy.actors.messages import LedgerQuery, SeqCopy
+
+    with trio.fail_after(30):
+        async with skippy.open_engine(synth_model_path("llama"), n_ctx=512, n_batch=64, n_seq_max=4, threads=1) as engine:
+            engine.runtime.decode(np.array(prompt(1, 20), dtype=np.int32), np.arange(20, dtype=np.int32),
+                                  np.full(20, 3, dtype=np.int32), np.zeros(20, dtype=np.int8))
+            before = await call(engine._runtime_tx, LedgerQuery)
+            after = await call(engine._runtime_tx, lambda r: SeqCopy(3, 2, -1, -1, r))
+            assert before.get(ComponentKind.ATTN).used == after.get(ComponentKind.ATTN).used == 20
+            assert engine.runtime.ctx.seq_pos_max(2) == 19
