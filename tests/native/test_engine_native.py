@@ -16,6 +16,13 @@ pytestmark = pytest.mark.native
 FAMILIES = ("llama", "gemma2", "deepseek2", "falcon-h1", "qwen3next")
 
 
+@pytest.fixture(scope="module")
+def smollm2(smollm2_path):
+    """Loaded once (a few seconds): engines borrow it and leave it open."""
+    with Model(smollm2_path) as model:
+        yield model
+
+
 def prompt(i: int, n: int = 12) -> list[int]:
     return [300 + (i * 7 + 3 * k) % 200 for k in range(n)]
 
@@ -96,16 +103,17 @@ async def test_preemption_and_cancellation_on_real_memory(synth_model_path):
     assert all(r.kv_used[ComponentKind.ATTN] <= 256 for r in reports)
 
 
-async def test_smollm2_serves_concurrent_sessions(smollm2_path):
+async def test_smollm2_serves_concurrent_sessions(smollm2):
     texts = ["Once upon a time,", "The capital of France is", "def fibonacci(n):", "Bees communicate by"]
     with trio.fail_after(60):
-        async with skippy.open_engine(smollm2_path, n_ctx=1024, n_batch=128, threads=1) as engine:
+        async with skippy.open_engine(smollm2, n_ctx=1024, n_batch=128, threads=1) as engine:
             results = await run_all(engine, [(t, {"max_tokens": 8}) for t in texts])
             stats = engine.stats()
     for events in results:
         assert events[-1].final and events[-1].finish_reason in ("length", "stop")
         assert "".join(e.text for e in events).strip()
     assert stats.max_running == 4 and stats.finished["length"] + stats.finished["stop"] == 4
+    assert not smollm2.closed  # borrowed, not owned
 
 
 async def test_the_runtime_owner_applies_seq_cp_on_request(synth_model_path):
@@ -121,3 +129,38 @@ async def test_the_runtime_owner_applies_seq_cp_on_request(synth_model_path):
             after = await call(engine._runtime_tx, lambda r: SeqCopy(3, 2, -1, -1, r))
             assert before.get(ComponentKind.ATTN).used == after.get(ComponentKind.ATTN).used == 20
             assert engine.runtime.ctx.seq_pos_max(2) == 19
+
+
+async def test_the_event_loop_runs_while_llama_decode_computes(smollm2):
+    """cffi releases the GIL in llama_decode: trio tasks tick while a real step is in its thread."""
+    import time
+
+    windows: list[tuple[float, float]] = []
+    ticks: list[float] = []
+    with trio.fail_after(60):
+        async with skippy.open_engine(smollm2, n_ctx=1024, n_batch=256, threads=1) as engine:
+            decode = engine.runtime.decode
+
+            def timed(*args):
+                start = time.perf_counter()
+                try:
+                    return decode(*args)
+                finally:
+                    windows.append((start, time.perf_counter()))
+
+            engine.runtime.decode = timed
+            done = trio.Event()
+
+            async def ticker():
+                while not done.is_set():
+                    ticks.append(time.perf_counter())
+                    await trio.sleep(0)
+
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(ticker)
+                long_prompt = " ".join(["the quick brown fox jumps over the lazy dog"] * 20)
+                async for _ in engine.generate(long_prompt, max_tokens=2):
+                    pass
+                done.set()
+    start, end = windows[0]  # the ~200-token prefill
+    assert sum(start < t < end for t in ticks) >= 3
