@@ -76,6 +76,8 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
         threads = cfg.threads or min(8, os.cpu_count() or 1)
         base = dict(n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_batch, threads=threads)
         base.update(cfg.context_options)
+        if not base.get("kv_unified", True):
+            raise InvalidInputError("the scheduler needs unified KV (one shared cell pool); kv_unified=False is not supported")
         per_seq = 0.0
         if kv.recurrent:  # every lane pays a whole state: price it on a one-lane probe context
             probe_opts = ContextOptions(**{**base, "n_ctx": min(base["n_ctx"], 256), "n_seq_max": 1})

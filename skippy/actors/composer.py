@@ -190,7 +190,11 @@ class ComposerActor:
 
     # -- telemetry -------------------------------------------------------------------
 
-    def _report(self, n_running, plan, admitted, victims, finished, failed, outputs, result, t_compose, t_sample, t_step) -> None:
+    def _report(
+        self, n_running: int, plan: StepPlan, admitted: Sequence[Request], victims: Sequence[Request],
+        finished: Sequence[Request], failed: Sequence[Request], outputs: int, result: StepResult,
+        t_compose: float, t_sample: float, t_step: float,
+    ) -> None:
         self.step_no += 1
         ledger = self.ledger
         report = StepReport(

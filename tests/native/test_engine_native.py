@@ -164,3 +164,10 @@ async def test_the_event_loop_runs_while_llama_decode_computes(smollm2):
                 done.set()
     start, end = windows[0]  # the ~200-token prefill
     assert sum(start < t < end for t in ticks) >= 3
+
+
+async def test_unified_kv_cannot_be_turned_off(synth_model_path):
+    with pytest.raises(skippy.InvalidInputError, match="unified"):
+        async with skippy.open_engine(synth_model_path("llama"), n_ctx=256, threads=1,
+                                      context_options={"kv_unified": False}):
+            pass
