@@ -130,6 +130,7 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    logger.enable("skippy")
     logger.remove()
     logger.add(sys.stderr, level="INFO" if args.verbose else "WARNING")
     try:

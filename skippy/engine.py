@@ -51,6 +51,11 @@ class EngineConfig:
     reserved_seq_ids: int = 0  # ids kept off the scheduler (e.g. a resident prefix cache)
     recurrent_budget_bytes: float = 256 * 2**20
     context_options: Mapping[str, Any] = attrs.field(factory=dict)  # extra ContextOptions fields
+    # On by default: exact-output parity (a request's tokens do not depend on its batch-mates)
+    # is the pre-gate. Measured cost (bench/results/batch-invariance): decode within noise of
+    # the default kernels, prefill slower (one-row attention instead of the tiled kernel, and
+    # no repacked weights); see the issue note for the figures.
+    batch_invariant: bool = True
     on_step: Callable[[StepReport], None] | None = None
 
 
@@ -64,9 +69,13 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
         from .native import ensure_built
 
         ensure_built(progress=False)
-        m, own = Model(resolve_model(model)), True
+        # repacked weights use kernels that are not batch-invariant, so invariant engines load without them
+        m, own = Model(resolve_model(model), repack=not cfg.batch_invariant), True
     elif isinstance(model, Model):
         m, own = model, False
+        if cfg.batch_invariant and m.repack:
+            logger.warning("{} was loaded with repacked weights, whose kernels are not batch-invariant: "
+                           "load it with Model(path, repack=False) for exact-output parity", m.path.name)
     else:  # a Runtime already (tests: FakeRuntime)
         plan = plan_lanes(KvClass.DENSE, model.n_ctx, model.n_batch, requested=min(model.n_seq_max, cfg.n_seq_max or 256),
                           floor_ctx_per_session=1)
@@ -74,7 +83,8 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
     try:
         kv = kv_class(m.arch)
         threads = cfg.threads or min(8, os.cpu_count() or 1)
-        base = dict(n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_batch, threads=threads)
+        base = dict(n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_batch, threads=threads,
+                    batch_invariant=cfg.batch_invariant)
         base.update(cfg.context_options)
         if not base.get("kv_unified", True):
             raise InvalidInputError("the scheduler needs unified KV (one shared cell pool); kv_unified=False is not supported")

@@ -13,9 +13,11 @@ DEBUG, INFO, WARN, ERROR, CONT = 1, 2, 3, 4, 5
 @pytest.fixture
 def records():
     seen: list[tuple[str, str]] = []
+    logger.enable("skippy")  # the library is silent until its user enables it
     sink = logger.add(lambda m: seen.append((m.record["level"].name, m.record["message"])), level="DEBUG")
     yield seen
     logger.remove(sink)
+    logger.disable("skippy")
 
 
 def test_fragments_join_into_one_line_at_the_first_level(records):
