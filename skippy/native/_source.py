@@ -10,13 +10,13 @@ import hashlib
 import os
 import shutil
 import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
 import attrs
 from loguru import logger
 
+from .._pip import pip_download
 from ..errors import NativeBuildError, PatchApplyError
 
 
@@ -71,14 +71,9 @@ def fetch_sdist(downloads: Path, pin: Pin = PIN) -> Path:
     target = downloads / pin.sdist_name
     if target.exists() and sha256_file(target) == pin.sha256:
         return target
-    logger.info("fetching {}=={} (sdist) with pip", pin.package, pin.version)
-    cmd = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
-        "--disable-pip-version-check", "-d", str(downloads), f"{pin.package}=={pin.version}",
-    ]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0 or not target.exists():
-        raise NativeBuildError(f"pip could not fetch {pin.package}=={pin.version}:\n{proc.stderr[-2000:]}")
+    error = pip_download(pin.package, pin.version, downloads, sdist=True)
+    if error is not None or not target.exists():
+        raise NativeBuildError(f"pip could not fetch {pin.package}=={pin.version}:\n{error}")
     actual = sha256_file(target)
     if actual != pin.sha256:
         target.unlink()
