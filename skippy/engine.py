@@ -125,18 +125,31 @@ class GenerationStream:
     def __aiter__(self) -> "GenerationStream":
         return self
 
+    async def queued(self) -> None:
+        """Wait until admission took the request into its queue; raises OverloadedError if it is full.
+
+        A server answers 429 from here before it commits to a response."""
+        try:
+            await self._await_submission()
+        except trio.Cancelled:
+            self.cancel()
+            raise
+
+    async def _await_submission(self) -> None:
+        if self._submitted is not None:
+            try:
+                answer = await self._submitted.receive()
+            except trio.EndOfChannel:
+                answer = None  # engine closing: the events channel says how it ended
+            self._submitted = None
+            if answer is not None:
+                self._done = True
+                self._engine._forget(self.request)
+                raise answer
+
     async def __anext__(self) -> TokenEvent:
         try:
-            if self._submitted is not None:
-                try:
-                    answer = await self._submitted.receive()
-                except trio.EndOfChannel:
-                    answer = None  # engine closing: the events channel says how it ended
-                self._submitted = None
-                if answer is not None:
-                    self._done = True
-                    self._engine._forget(self.request)
-                    raise answer
+            await self._await_submission()
             if self._done:
                 raise StopAsyncIteration
             try:
@@ -216,11 +229,13 @@ class Engine:
         max_tokens: int = 64,
         stop: str | Sequence[str] = (),
         priority: int = 0,
+        ignore_eos: bool = False,
     ) -> GenerationStream:
         """Queue a generation now; iterate the result for its TokenEvents.
 
         Bad input raises here (named InvalidInputError subclasses); a full queue raises
-        OverloadedError from the first iteration.
+        OverloadedError from the first iteration (or from `await stream.queued()`).
+        `ignore_eos=True` keeps generating past end-of-generation tokens (benchmarks).
         """
         if self._closed:
             raise EngineClosedError("the engine is closed")
@@ -237,7 +252,8 @@ class Engine:
         tokens = self.runtime.tokenize(prompt) if isinstance(prompt, str) else prompt
         tokens = validate(tokens, max_tokens, self.runtime.n_ctx, self.runtime.n_vocab)
         rid = next(self._ids)
-        request = Request(rid, tokens, int(max_tokens), sampling, priority, stops, arrival=rid)
+        request = Request(rid, tokens, int(max_tokens), sampling, priority, stops, arrival=rid,
+                          ignore_eos=bool(ignore_eos))
         events_tx, events_rx = trio.open_memory_channel(math.inf)
         request.sink = events_tx
         submit_tx, submit_rx = trio.open_memory_channel(1)

@@ -174,6 +174,17 @@ def test_apply_finishes_on_length_eog_and_stop_strings():
     assert events[0].event.usage.completion_tokens == 3
 
 
+def test_apply_with_ignore_eos_keeps_going_past_end_of_generation_until_length():
+    c = Composer(n_batch=16)
+    r = running(0, n=4, cached=4, seq=0, generated=[9])
+    r.max_tokens, r.ignore_eos = 3, True
+    c.add([r])
+    events, finished = c.apply(c.compose(), [0], [b""], [True])
+    assert events[0].event.finish_reason is None and finished == [] and c.running == [r]
+    events, finished = c.apply(c.compose(), [0], [b"x"], [True])
+    assert events[0].event.finish_reason == "length" and finished == [r]
+
+
 def test_stop_matcher_holds_back_only_what_could_still_match():
     m = StopMatcher(("END", "xy"))
     assert m.push("abcE") == ("abc", False)

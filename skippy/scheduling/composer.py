@@ -129,7 +129,7 @@ class Composer:
             r.cached += c.n
             if not c.output:
                 continue
-            tok, piece, end = int(tokens[row]), pieces[row], bool(eog[row])
+            tok, piece, end = int(tokens[row]), pieces[row], bool(eog[row]) and not r.ignore_eos
             row += 1
             if r.cancel_requested or r.state is not RequestState.RUNNING:
                 continue  # swept before the next step

@@ -74,6 +74,7 @@ class Request:
     preemptions: int = 0
     pinned: bool = False  # preempted too often: never a victim again, admitted with a full reservation
     cancel_requested: bool = False
+    ignore_eos: bool = False  # end-of-generation tokens do not finish it (benchmarks: exact lengths)
     finish_reason: FinishReason | None = None
     sampler: Sampler = attrs.field(init=False)
     assembler: Any = attrs.field(default=None, init=False)  # its TextAssembler, kept across preemption
