@@ -88,6 +88,7 @@ class ComposerActor:
                     with trio.move_on_after(0.05 if self.waiting else math.inf):
                         await self.inbox.receive()
                     self.ledger = await call(self.runtime, LedgerQuery)
+                    self.counters.ledger, self.counters.running = self.ledger, 0
                     continue
                 t_compose = time.perf_counter() - t0
                 samplers = tuple(r.sampler for r in plan.output_requests)
@@ -140,6 +141,9 @@ class ComposerActor:
         self.ledger = await call(self.runtime, lambda r: Release(seq_ids, r))
         for r in requests:
             r.seq_id = None
+        # stats() reads these between steps too: cells freed by a cancel show before the next step
+        self.counters.ledger = self.ledger
+        self.counters.running = len(self.policy.running)
         await call(self.admission, lambda r: Released(seq_ids, r))
 
     # -- finishing -------------------------------------------------------------------

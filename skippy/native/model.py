@@ -5,9 +5,9 @@ from __future__ import annotations
 import os
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from ..errors import ClosedError, ModelLoadError
+from ..errors import ClosedError, InvalidInputError, ModelLoadError
 from . import _lib
 from ._gguf_check import check_gguf
 from .tokenizer import Tokenizer
@@ -136,6 +136,28 @@ class Model:
     def chat_template(self) -> str | None:
         ptr = self._lib.llama_model_chat_template(self._handle(), self._ffi.NULL)
         return None if ptr == self._ffi.NULL else self._ffi.string(ptr).decode("utf-8", "replace")
+
+    def apply_chat_template(self, messages: Sequence[Mapping[str, str]], *, add_assistant: bool = True,
+                            template: str | None = None) -> str:
+        """Render [{"role", "content"}, ...] with the GGUF's own chat template (llama.cpp's
+        built-in renderer, which recognises the common template families); chatml when the
+        model has none. Raises InvalidInputError for a template llama.cpp does not know."""
+        tmpl = template if template is not None else self.chat_template
+        keep = [(self._ffi.new("char[]", str(m["role"]).encode()), self._ffi.new("char[]", str(m["content"]).encode()))
+                for m in messages]
+        chat = self._ffi.new("struct llama_chat_message[]", max(len(keep), 1))
+        for i, (role, content) in enumerate(keep):
+            chat[i].role, chat[i].content = role, content
+        c_tmpl = self._ffi.NULL if tmpl is None else self._ffi.new("char[]", tmpl.encode())
+        size = 256 + 2 * sum(len(m["content"]) + len(m["role"]) for m in messages)
+        while True:
+            buf = self._ffi.new("char[]", size)
+            n = self._lib.llama_chat_apply_template(c_tmpl, chat, len(keep), add_assistant, buf, size)
+            if n < 0:
+                raise InvalidInputError("llama.cpp does not support this model's chat template")
+            if n <= size:
+                return self._ffi.buffer(buf, n)[:].decode("utf-8", "replace")
+            size = n
 
     def __repr__(self) -> str:
         state = "closed" if self.closed else self.description
