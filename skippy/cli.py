@@ -80,6 +80,36 @@ def _demo(args: argparse.Namespace) -> int:
     return 0 if result["failed"] == 0 else 1
 
 
+def _serve(args: argparse.Namespace) -> int:
+    import trio
+
+    from .engine import open_engine
+    from .models import resolve_model
+    from .server import create_app, default_model_names, serve_app, wait_for_signal
+
+    model = resolve_model(args.model, args.family)
+    config = {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "threads": args.threads, "max_waiting": args.max_waiting}
+    if args.n_seq_max:
+        config["n_seq_max"] = args.n_seq_max
+    from .models._store import DEFAULT_MODEL, REAL_MODELS
+
+    alias = args.model if args.model in REAL_MODELS else (args.family or (DEFAULT_MODEL if args.model is None else None))
+
+    async def main() -> None:
+        async with open_engine(model, **config) as engine:
+            names = ([args.served_model_name] if args.served_model_name else []) + default_model_names(engine, [alias])
+            app = create_app(engine, model_names=names)
+            async with trio.open_nursery() as nursery:
+                binds = await nursery.start(lambda task_status: serve_app(
+                    app, args.host, args.port, shutdown_trigger=wait_for_signal, deadline=args.shutdown_deadline,
+                    task_status=task_status))
+                print(f"skippy: serving {names[0]} on {', '.join(binds)} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+        print("skippy: stopped", file=sys.stderr, flush=True)
+
+    trio.run(main)
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="skippy", description=__doc__)
     parser.add_argument("-v", "--verbose", action="store_true", help="log at INFO (llama.cpp's own log: SKIPPY_LLAMA_LOG)")
@@ -125,6 +155,22 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--n-seq-max", type=int, default=None, help="ceiling on running sequences (default: derived)")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
     demo.set_defaults(func=_demo)
+
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)")
+    where = serve.add_mutually_exclusive_group()
+    where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
+    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.add_argument("--served-model-name", default=None, help="the model id clients use (default: the file name)")
+    serve.add_argument("--threads", type=int, default=2)
+    serve.add_argument("--n-ctx", type=int, default=4096)
+    serve.add_argument("--n-batch", type=int, default=512)
+    serve.add_argument("--n-seq-max", type=int, default=None, help="ceiling on running sequences (default: derived)")
+    serve.add_argument("--max-waiting", type=int, default=256, help="waiting-queue bound; past it: HTTP 429")
+    serve.add_argument("--shutdown-deadline", type=float, default=30.0,
+                       help="seconds in-flight requests may take to finish after SIGINT/SIGTERM")
+    serve.set_defaults(func=_serve)
     return parser
 
 

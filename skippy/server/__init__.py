@@ -1,0 +1,7 @@
+"""OpenAI-compatible HTTP server over one engine: protocol (pure), app (Starlette on trio),
+metrics (Prometheus, one registry per app), serve (hypercorn's trio worker, graceful shutdown)."""
+
+from .app import ServerState, create_app, default_model_names
+from .serve import drain, serve_app, wait_for_signal
+
+__all__ = ["ServerState", "create_app", "default_model_names", "drain", "serve_app", "wait_for_signal"]

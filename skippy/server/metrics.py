@@ -1,0 +1,89 @@
+"""Prometheus metrics of one app: a registry of its own (never the process-global one), so
+several apps in one process (tests, a user's nursery) do not collide.
+
+Engine state (running, waiting, KV per component, preemptions, finishes, rejections) is read
+from `engine.stats()` at scrape time by a collector; latency histograms are observed by the
+server from the times it sees events.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterable
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, engine: Any) -> None:
+        self.engine = engine
+
+    def collect(self) -> Iterable[Metric]:
+        s = self.engine.stats()
+        yield GaugeMetricFamily("skippy_requests_running", "Sequences in the running set", value=s.running)
+        yield GaugeMetricFamily("skippy_requests_waiting", "Requests in the waiting queue", value=s.waiting)
+        used = GaugeMetricFamily("skippy_kv_used_cells", "KV memory in use per component (cells or slots)",
+                                 labels=["component"])
+        free = GaugeMetricFamily("skippy_kv_free_cells", "KV memory free per component (cells or slots)",
+                                 labels=["component"])
+        ratio = GaugeMetricFamily("skippy_kv_usage_ratio", "Fraction of each KV component in use",
+                                  labels=["component"])
+        for kind, n in s.kv_used.items():
+            name = getattr(kind, "name", str(kind)).lower()
+            f = s.kv_free.get(kind, 0)
+            used.add_metric([name], n)
+            free.add_metric([name], f)
+            ratio.add_metric([name], n / (n + f) if n + f else 0.0)
+        yield used
+        yield free
+        yield ratio
+        yield CounterMetricFamily("skippy_preemptions", "Sequences preempted (recompute)", value=s.preemptions)
+        yield CounterMetricFamily("skippy_queue_rejections", "Requests refused because the waiting queue was full",
+                                  value=s.rejected)
+        fin = CounterMetricFamily("skippy_requests_finished", "Requests finished, by finish reason", labels=["reason"])
+        for reason, n in sorted(s.finished.items()):
+            fin.add_metric([reason], n)
+        yield fin
+        yield CounterMetricFamily("skippy_engine_steps", "Engine steps (one mixed ubatch each)", value=s.steps)
+        yield CounterMetricFamily("skippy_prompt_tokens", "Prompt tokens prefilled", value=s.prefill_tokens)
+        yield CounterMetricFamily("skippy_generation_tokens", "Tokens generated", value=s.output_tokens)
+        # Prefix caching is not implemented yet (its own issue: "prefix caching"); these stay 0
+        # until it lands rather than report made-up numbers.
+        yield CounterMetricFamily("skippy_prefix_cache_queries",
+                                  "Prompt tokens looked up in the prefix cache (0: prefix caching not implemented yet)",
+                                  unit="tokens", value=0)
+        yield CounterMetricFamily("skippy_prefix_cache_hits",
+                                  "Prompt tokens served from the prefix cache (0: prefix caching not implemented yet)",
+                                  unit="tokens", value=0)
+
+
+class ServerMetrics:
+    def __init__(self, engine: Any) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(_EngineCollector(engine))
+        self.ttft = Histogram("skippy_time_to_first_token_seconds",
+                              "Seconds from a request's arrival at the server to its first token",
+                              buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.tpot = Histogram("skippy_time_per_output_token_seconds",
+                              "Mean seconds between a request's output tokens after the first",
+                              buckets=_TPOT_BUCKETS, registry=self.registry)
+        self.e2e = Histogram("skippy_request_latency_seconds", "Seconds from arrival to the last token",
+                             buckets=_TTFT_BUCKETS, registry=self.registry)
+
+    def observe(self, t_arrival: float, t_first: float | None, t_last: float | None, n_tokens: int) -> None:
+        if t_first is None:
+            return
+        self.ttft.observe(t_first - t_arrival)
+        if t_last is not None:
+            self.e2e.observe(t_last - t_arrival)
+            if n_tokens > 1:
+                self.tpot.observe((t_last - t_first) / (n_tokens - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

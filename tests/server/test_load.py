@@ -1,0 +1,97 @@
+"""Backpressure and cancellation: a burst past the queue bound, a client that hangs up mid-stream."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+import trio
+
+from ._live import in_thread, live_server, metric, openai_client
+
+pytestmark = pytest.mark.server
+
+M = "test-model"
+
+
+async def test_burst_past_the_queue_bound_gets_429s_and_every_request_an_answer(synth_model_path):
+    n = 12
+    statuses: list[int] = []
+    with trio.fail_after(60):
+        async with live_server(synth_model_path("llama"), n_seq_max=1, max_waiting=2) as (url, _, engine):
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+
+                async def one(i: int, stream: bool) -> None:
+                    body = {"model": M, "prompt": f"request {i}", "max_tokens": 24, "ignore_eos": True,
+                            "stream": stream}
+                    async with http.stream("POST", "/v1/completions", json=body) as r:
+                        raw = (await r.aread()).decode()
+                    if r.status_code == 200 and stream:
+                        events = [line[6:] for line in raw.splitlines() if line.startswith("data: ")]
+                        assert events[-1] == "[DONE]"
+                        assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
+                    elif r.status_code == 200:
+                        assert json.loads(raw)["usage"]["completion_tokens"] == 24  # ignore_eos: exact length
+                    else:
+                        assert r.status_code == 429, raw
+                        assert r.headers["retry-after"] == "1"
+                        assert json.loads(raw)["error"]["type"] == "rate_limit_error"
+                    statuses.append(r.status_code)
+
+                async with trio.open_nursery() as nursery:
+                    for i in range(n):
+                        nursery.start_soon(one, i, i % 2 == 0)
+                text = (await http.get("/metrics")).text
+            # the openai client surfaces a 429 as RateLimitError
+            async with trio.open_nursery() as nursery:
+                errors = []
+
+                async def call():
+                    try:
+                        await in_thread(openai_client(url).completions.create, model=M, prompt="x", max_tokens=24,
+                                        extra_body={"ignore_eos": True})
+                    except openai.RateLimitError as exc:
+                        errors.append(exc)
+                for _ in range(6):
+                    nursery.start_soon(call)
+            stats = engine.stats()
+    assert len(statuses) == n  # every request got an answer
+    ok, limited = statuses.count(200), statuses.count(429)
+    assert ok + limited == n and limited >= 1 and ok >= 3, statuses
+    assert metric(text, "skippy_queue_rejections_total") == limited
+    assert metric(text, "skippy_requests_finished_total", 'reason="length"') == ok
+    assert metric(text, "skippy_time_to_first_token_seconds_count") == ok
+    assert errors and stats.rejected == limited + len(errors)
+
+
+async def test_client_disconnect_mid_stream_cancels_and_frees_cells(synth_model_path):
+    with trio.fail_after(60):
+        async with live_server(synth_model_path("llama")) as (url, _, engine):
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                before = (await http.get("/metrics")).text
+                assert metric(before, "skippy_kv_used_cells", 'component="attn"') == 0
+                body = {"model": M, "prompt": "a long story", "max_tokens": 900, "ignore_eos": True, "stream": True}
+                async with http.stream("POST", "/v1/completions", json=body) as r:
+                    assert r.status_code == 200
+                    seen = 0
+                    async for line in r.aiter_lines():
+                        seen += line.startswith("data: ")
+                        if seen == 5:
+                            break
+                    during = (await http.get("/metrics")).text
+                    steps_at_hangup = metric(during, "skippy_engine_steps_total")
+                # the response is closed here: the connection is gone mid-stream
+                assert metric(during, "skippy_kv_used_cells", 'component="attn"') > 0
+                while True:
+                    after = (await http.get("/metrics")).text
+                    if metric(after, "skippy_kv_used_cells", 'component="attn"') == 0:
+                        break
+                    await trio.sleep(0.01)
+            assert metric(after, "skippy_requests_finished_total", 'reason="cancelled"') == 1
+            assert metric(after, "skippy_requests_running") == 0
+            # freed at the next step or the one after (the step in flight at hang-up still completes)
+            assert metric(after, "skippy_engine_steps_total") - steps_at_hangup <= 2
+            assert metric(after, "skippy_generation_tokens_total") < 900
+            assert not engine._live
