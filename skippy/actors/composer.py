@@ -85,6 +85,7 @@ class ComposerActor:
                         continue
                     # idle: wait for a submission or cancellation; poll while requests wait for memory
                     # held by someone else (it frees without telling us)
+                    self.counters.running = 0
                     with trio.move_on_after(0.05 if self.waiting else math.inf):
                         await self.inbox.receive()
                     self.ledger = await call(self.runtime, LedgerQuery)
@@ -222,6 +223,7 @@ class ComposerActor:
         )
         self.counters.ledger = ledger
         self.counters.record(report, outputs)
+        self.counters.running = len(self.policy.running)  # now, not at compose time: finished ones are gone
         logger.debug("step {}: run={} wait={} +{} -{} fin={} prefill={} decode={} kv={} "
                      "compose={:.2f}ms decode={:.2f}ms sample={:.2f}ms",
                      report.step, report.running, report.waiting, report.admitted, report.preempted,
