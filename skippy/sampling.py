@@ -29,7 +29,8 @@ class SamplingParams:
         _check(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
         _check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
         _check(isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
-        _check(self.seed is None or isinstance(self.seed, int), f"seed must be an integer, got {self.seed!r}")
+        _check(self.seed is None or isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0,
+               f"seed must be an integer >= 0, got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:

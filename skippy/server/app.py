@@ -98,7 +98,7 @@ async def _generate(request: HttpRequest, kind: str) -> Response:
         max_tokens = P.resolve_max_tokens(call, len(prompt), engine.runtime.n_ctx)
     try:
         stream = engine.generate(prompt, **call.engine_kwargs(max_tokens))
-    except SkippyError as exc:
+    except (SkippyError, ValueError) as exc:
         raise P.engine_error(exc) from None
     state.track(stream)
     try:

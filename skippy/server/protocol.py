@@ -61,7 +61,7 @@ def engine_error(exc: BaseException) -> ApiError:
                         headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(exc, PromptTooLongError):
         return ApiError(400, str(exc), param="prompt", code="context_length_exceeded")
-    if isinstance(exc, InvalidInputError):
+    if isinstance(exc, (InvalidInputError, ValueError)):  # generate() validates its arguments
         return ApiError(400, str(exc))
     if isinstance(exc, EngineClosedError):
         return shutting_down()
@@ -180,7 +180,7 @@ def _common(data: Mapping[str, Any], kind: str, prompt: Any, max_tokens_field: s
         "top_p": float(_want(data, "top_p", lambda v: _is_num(v) and 0 < v <= 1, "a number in (0, 1]", 1.0)),
         "top_k": _want(data, "top_k", lambda v: _is_int(v) and v >= 0, "an integer >= 0", 0),
         "min_p": float(_want(data, "min_p", lambda v: _is_num(v) and 0 <= v <= 1, "a number in [0, 1]", 0.0)),
-        "seed": _want(data, "seed", _is_int, "an integer"),
+        "seed": _want(data, "seed", lambda v: _is_int(v) and v >= 0, "an integer >= 0"),
     }
     stop = data.get("stop")
     if stop is None:
