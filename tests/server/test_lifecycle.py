@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+from contextlib import aclosing
 from functools import partial
 
 import httpx
@@ -149,19 +150,22 @@ async def test_skippy_serve_exits_0_on_signal_after_finishing_in_flight(signum, 
                 async with http.stream("POST", "/v1/completions",
                                        json={"model": "llama", "prompt": "hi", "max_tokens": 40, "ignore_eos": True,
                                              "stream": True}) as r:
-                    lines = r.aiter_lines()
-                    async for line in lines:
-                        if line.startswith("data: "):
-                            break
-                    proc.send_signal(signum)  # mid-stream
-                    rest = [line async for line in lines if line.startswith("data: ")]
+                    async with aclosing(r.aiter_lines()) as lines:
+                        async for line in lines:
+                            if line.startswith("data: "):
+                                break
+                        proc.send_signal(signum)  # mid-stream
+                        rest = [line async for line in lines if line.startswith("data: ")]
                 assert rest[-1] == "data: [DONE]"
                 assert json.loads(rest[-2][6:])["choices"][0]["finish_reason"] == "length"
             rc = await trio.to_thread.run_sync(proc.wait, abandon_on_cancel=True)
         out = proc.stdout.read()
+        proc.stdout.close()
         assert rc == 0, out
         assert "serving llama-s0-v1" in out and "stopped" in out
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        if not proc.stdout.closed:
+            proc.stdout.close()

@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import json
+from functools import partial
+from contextlib import aclosing
 
 import httpx
 import openai
 import pytest
 import trio
 
+from skippy.kv import ComponentKind
+
 from ._live import in_thread, live_server, metric, openai_client
 
 pytestmark = pytest.mark.server
 
 M = "test-model"
+ATTN = ComponentKind.ATTN
 
 
 async def test_burst_past_the_queue_bound_gets_429s_and_every_request_an_answer(synth_model_path):
@@ -24,7 +29,7 @@ async def test_burst_past_the_queue_bound_gets_429s_and_every_request_an_answer(
             async with httpx.AsyncClient(base_url=url, timeout=30) as http:
 
                 async def one(i: int, stream: bool) -> None:
-                    body = {"model": M, "prompt": f"request {i}", "max_tokens": 24, "ignore_eos": True,
+                    body = {"model": M, "prompt": f"request {i}", "max_tokens": 64, "ignore_eos": True,
                             "stream": stream}
                     async with http.stream("POST", "/v1/completions", json=body) as r:
                         raw = (await r.aread()).decode()
@@ -33,7 +38,7 @@ async def test_burst_past_the_queue_bound_gets_429s_and_every_request_an_answer(
                         assert events[-1] == "[DONE]"
                         assert json.loads(events[-2])["choices"][0]["finish_reason"] == "length"
                     elif r.status_code == 200:
-                        assert json.loads(raw)["usage"]["completion_tokens"] == 24  # ignore_eos: exact length
+                        assert json.loads(raw)["usage"]["completion_tokens"] == 64  # ignore_eos: exact length
                     else:
                         assert r.status_code == 429, raw
                         assert r.headers["retry-after"] == "1"
@@ -50,7 +55,7 @@ async def test_burst_past_the_queue_bound_gets_429s_and_every_request_an_answer(
 
                 async def call():
                     try:
-                        await in_thread(openai_client(url).completions.create, model=M, prompt="x", max_tokens=24,
+                        await in_thread(openai_client(url).completions.create, model=M, prompt="x", max_tokens=64,
                                         extra_body={"ignore_eos": True})
                     except openai.RateLimitError as exc:
                         errors.append(exc)
@@ -76,22 +81,42 @@ async def test_client_disconnect_mid_stream_cancels_and_frees_cells(synth_model_
                 async with http.stream("POST", "/v1/completions", json=body) as r:
                     assert r.status_code == 200
                     seen = 0
-                    async for line in r.aiter_lines():
-                        seen += line.startswith("data: ")
-                        if seen == 5:
-                            break
+                    async with aclosing(r.aiter_lines()) as lines:
+                        async for line in lines:
+                            seen += line.startswith("data: ")
+                            if seen == 5:
+                                break
                     during = (await http.get("/metrics")).text
-                    steps_at_hangup = metric(during, "skippy_engine_steps_total")
                 # the response is closed here: the connection is gone mid-stream
                 assert metric(during, "skippy_kv_used_cells", 'component="attn"') > 0
-                while True:
-                    after = (await http.get("/metrics")).text
-                    if metric(after, "skippy_kv_used_cells", 'component="attn"') == 0:
-                        break
-                    await trio.sleep(0.01)
+                steps_at_hangup = engine.stats().steps
+                while engine.stats().kv_used[ATTN]:
+                    await trio.sleep(0.001)
+                steps_to_free = engine.stats().steps - steps_at_hangup
+                after = (await http.get("/metrics")).text
+            assert metric(after, "skippy_kv_used_cells", 'component="attn"') == 0
             assert metric(after, "skippy_requests_finished_total", 'reason="cancelled"') == 1
             assert metric(after, "skippy_requests_running") == 0
-            # freed at the next step or the one after (the step in flight at hang-up still completes)
-            assert metric(after, "skippy_engine_steps_total") - steps_at_hangup <= 2
+            # the step in flight at hang-up completes; the next one frees the cells
+            assert steps_to_free <= 2, steps_to_free
             assert metric(after, "skippy_generation_tokens_total") < 900
             assert not engine._live
+
+
+async def test_client_that_hangs_up_on_a_non_streaming_request_cancels_it(synth_model_path):
+    with trio.fail_after(30):
+        async with live_server(synth_model_path("llama")) as (url, _, engine):
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                body = {"model": M, "prompt": "a long story", "max_tokens": 900, "ignore_eos": True}
+                with trio.move_on_after(10) as waited:
+                    async with trio.open_nursery() as nursery:
+                        nursery.start_soon(partial(http.post, "/v1/completions", json=body))
+                        while engine.stats().output_tokens < 5:
+                            await trio.sleep(0.005)
+                        nursery.cancel_scope.cancel()  # the client gives up: its connection closes
+                assert not waited.cancelled_caught
+                while engine.stats().kv_used[ATTN]:
+                    await trio.sleep(0.005)
+                text = (await http.get("/metrics")).text
+            assert metric(text, "skippy_requests_finished_total", 'reason="cancelled"') == 1
+            assert engine.stats().output_tokens < 900
