@@ -1,4 +1,4 @@
-"""The pure protocol layer: validation -> engine arguments, response and chunk shapes."""
+"""The server's pure protocol layer (no server, no engine): validation -> engine arguments, response and chunk shapes."""
 
 from __future__ import annotations
 
@@ -6,8 +6,6 @@ import pytest
 
 from skippy.errors import OverloadedError, PromptTooLongError
 from skippy.server import protocol as P
-
-pytestmark = pytest.mark.server
 
 
 def test_completion_maps_to_engine_arguments_with_openai_defaults():
