@@ -12,6 +12,19 @@ from loguru import logger
 from .errors import SkippyError
 
 
+def _resolve_checked(args: argparse.Namespace):
+    """The model file for a command; a file the user names is first loaded in a probe process,
+    since a malformed GGUF can abort llama.cpp (our pinned models are checked by sha256)."""
+    from .models import REAL_MODELS, resolve_model
+    from .native import ensure_built, probe_model
+
+    path = resolve_model(args.model, args.family)
+    if args.model is not None and args.model not in REAL_MODELS:
+        ensure_built()
+        probe_model(path)
+    return path
+
+
 def _build(args: argparse.Namespace) -> int:
     from .native import BuildFlags, ensure_built
 
@@ -45,12 +58,11 @@ def _fetch(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from ._generate import generate_tokens
-    from .models import resolve_model
     from .native import Context, ContextOptions, Model, ensure_built
     from .sampling import Sampler, SamplingParams
 
     ensure_built()
-    path = resolve_model(args.model, args.family)
+    path = _resolve_checked(args)
     sampler = Sampler(SamplingParams(temperature=args.temperature, seed=args.seed))
     with Model(path) as model:
         prompt = model.tokenizer.tokenize(args.prompt)
@@ -70,9 +82,8 @@ def _generate(args: argparse.Namespace) -> int:
 
 def _demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
-    from .models import resolve_model
 
-    model = resolve_model(args.model, args.family)
+    model = _resolve_checked(args)
     config = {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "threads": args.threads}
     if args.n_seq_max:
         config["n_seq_max"] = args.n_seq_max
@@ -84,10 +95,9 @@ def _serve(args: argparse.Namespace) -> int:
     import trio
 
     from .engine import open_engine
-    from .models import resolve_model
     from .server import create_app, default_model_names, serve_app, wait_for_signal
 
-    model = resolve_model(args.model, args.family)
+    model = _resolve_checked(args)
     config = {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "threads": args.threads, "max_waiting": args.max_waiting}
     if args.n_seq_max:
         config["n_seq_max"] = args.n_seq_max

@@ -4,6 +4,7 @@ from ._build import BuildFlags, NativeBuild, ensure_built, locate
 from .batch import Batch
 from .context import Context, ContextOptions
 from .model import Model
+from .probe import probe_model
 from .tokenizer import TextStream, Tokenizer
 
 __all__ = [
@@ -17,4 +18,5 @@ __all__ = [
     "Tokenizer",
     "ensure_built",
     "locate",
+    "probe_model",
 ]
