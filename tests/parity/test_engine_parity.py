@@ -27,10 +27,10 @@ def model(request, synth_model_path):
         yield name, m
 
 
-def _workload(name: str, model: Model, seeded: bool, shortest: int = 4):
+def _workload(name: str, model: Model, seeded: bool, shortest: int = 4, longest: int = 60):
     rng = np.random.default_rng(11)
     low, high = (1000, 20000) if name in REAL else (260, model.n_vocab)
-    lengths = rng.permutation(np.linspace(shortest, 60, N_REQUESTS).astype(int))
+    lengths = rng.permutation(np.linspace(shortest, longest, N_REQUESTS).astype(int))
     prompts = [rng.integers(low, high, size=n).astype(np.int32) for n in lengths]
     params = [
         SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=1000 + i) if seeded else SamplingParams()
@@ -91,11 +91,12 @@ async def test_staggered_requests_match_their_solo_runs(model, seeded):
 async def test_preempted_requests_recompute_to_the_same_tokens(model):
     name, m = model
     threads = 2 if name in REAL else 1
-    max_tokens = 16 if name in REAL else 32
-    prompts, params = _workload(name, m, seeded=True, shortest=30)
+    max_tokens = 32
+    # prompts of 100-120 tokens in a 256-cell pool: admission can start two at once (prompt +
+    # reserve fits), and two growing by 28 tokens each no longer fit, so preemption is certain
+    # whenever two overlap, whatever the arrival timing (a small per-session floor lets 8 lanes exist)
+    prompts, params = _workload(name, m, seeded=True, shortest=100, longest=120)
     solo = _solo(m, threads, prompts, params, max_tokens)
-    # a pool far smaller than the demand (8 x (45 + max_tokens) cells) forces preemption
-    # (a small per-session floor lets 8 lanes share it, so admission cannot avoid the pressure)
     outputs, stats = await _through_engine(m, threads, prompts, params, max_tokens, n_ctx=256, stagger=0,
                                            floor_ctx_per_session=16)
     assert stats.preemptions > 0, "the pool was meant to be too small"
