@@ -169,6 +169,11 @@ class EngineMachine(RuleBasedStateMachine):
                 with trio.move_on_after(10):  # once submissions stop, everything finishes
                     while not all(s.done for s in self.sessions):
                         await trio.sleep(0.001)
+                    # a consumer that left is done at once; its cells are freed at the composer's next
+                    # round, so wait for the engine to go quiet before reading the ledger
+                    while (self.engine._composer.policy.running or self.engine._admission.policy.waiting
+                           or self.rt.ledger().get(ComponentKind.ATTN).used):
+                        await trio.sleep(0.001)
                 stuck = [(r.id, r.state, r.preemptions, r.pinned, r.cached, len(r.generated), r.n_tokens, r.max_tokens)
                          for r in (s.request for s in self.sessions if not s.done) if r is not None]
                 waiting = [r.id for r in self.engine._admission.policy.waiting]
