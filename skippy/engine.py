@@ -32,6 +32,7 @@ from .scheduling.admission import Admission, fcfs_priority
 from .scheduling.composer import Composer
 from .scheduling.lanes import LanePlan, plan_lanes
 from .scheduling.preemption import Preemption, VictimOrder
+from .scheduling.prefix import PrefixCache
 from .scheduling.requests import Request, TokenEvent, validate
 from .telemetry import Counters, EngineStats, StepReport
 
@@ -48,7 +49,12 @@ class EngineConfig:
     victim_policy: str | VictimOrder = "newest"  # or "fewest_outputs", or a sort key
     priority_key: Callable[[Request], tuple] = fcfs_priority
     floor_ctx_per_session: int = 128
-    reserved_seq_ids: int = 0  # ids kept off the scheduler (e.g. a resident prefix cache)
+    # Prefix reuse (scheduling.prefix): prompts are kept on `prefix_slots` reserved sequence ids
+    # and shared into new requests with seq_cp; running requests are sources too.
+    prefix_cache: bool = True
+    prefix_slots: int = 8  # resident entries (sequence ids kept off the lanes)
+    prefix_budget_tokens: int | None = None  # resident tokens; None = half the cell pool
+    prefix_block: int = 16  # hash-chain block size in tokens
     recurrent_budget_bytes: float = 256 * 2**20
     context_options: Mapping[str, Any] = attrs.field(factory=dict)  # extra ContextOptions fields
     # On by default: exact-output parity (a request's tokens do not depend on its batch-mates)
@@ -77,7 +83,9 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
             logger.warning("{} was loaded with repacked weights, whose kernels are not batch-invariant: "
                            "load it with Model(path, repack=False) for exact-output parity", m.path.name)
     else:  # a Runtime already (tests: FakeRuntime)
-        plan = plan_lanes(KvClass.DENSE, model.n_ctx, model.n_batch, requested=min(model.n_seq_max, cfg.n_seq_max or 256),
+        reserved = _reserved(cfg) if getattr(model, "prefix_identity", None) is not None else 0
+        requested = min(model.n_seq_max - reserved, cfg.n_seq_max or 256)
+        plan = plan_lanes(KvClass.DENSE, model.n_ctx, model.n_batch, requested=requested, reserved=reserved,
                           floor_ctx_per_session=1)
         return model, plan
     try:
@@ -94,7 +102,7 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
             with Context(m, probe_opts) as probe:
                 rec = probe.ledger().get(ComponentKind.RECURRENT)
                 per_seq = rec.bytes / rec.size if rec and rec.size else 0.0
-        plan = plan_lanes(kv, base["n_ctx"], base["n_batch"], requested=cfg.n_seq_max, reserved=cfg.reserved_seq_ids,
+        plan = plan_lanes(kv, base["n_ctx"], base["n_batch"], requested=cfg.n_seq_max, reserved=_reserved(cfg),
                           floor_ctx_per_session=cfg.floor_ctx_per_session, recurrent_bytes_per_seq=per_seq,
                           recurrent_budget_bytes=cfg.recurrent_budget_bytes)
         runtime = ContextRuntime(m, ContextOptions(**{**base, "n_seq_max": plan.n_seq_max}), own_model=own)
@@ -105,6 +113,20 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
     logger.info("engine: {} n_ctx={} n_batch={} ceiling={} ({})", m.arch, runtime.n_ctx, runtime.n_batch,
                 plan.ceiling, plan.reason)
     return runtime, plan
+
+
+def _reserved(cfg: EngineConfig) -> int:
+    return cfg.prefix_slots if cfg.prefix_cache else 0
+
+
+def _prefix_cache(runtime: Runtime, cfg: EngineConfig, plan: LanePlan) -> PrefixCache | None:
+    if not cfg.prefix_cache or plan.n_seq_max <= plan.ceiling or getattr(runtime, "prefix_identity", None) is None:
+        return None
+    if cfg.prefix_slots < 0 or cfg.prefix_block < 1:
+        raise InvalidInputError("prefix_slots must be >= 0 and prefix_block >= 1")
+    budget = cfg.prefix_budget_tokens if cfg.prefix_budget_tokens is not None else runtime.n_ctx // 2
+    return PrefixCache(runtime.prefix_identity, range(plan.ceiling, plan.n_seq_max), budget,
+                       block=cfg.prefix_block, exact=runtime.share_exact)
 
 
 class GenerationStream:
@@ -210,7 +232,7 @@ class Engine:
             self._admission_tx, self.counters)
         self._composer = ComposerActor(
             Composer(runtime.n_batch), composer_rx, self._runtime_tx, self._admission_tx, self._preemption_tx,
-            runtime.ledger(), self.counters, cfg.decode_reserve, cfg.on_step)
+            runtime.ledger(), self.counters, cfg.decode_reserve, cfg.on_step, _prefix_cache(runtime, cfg, plan))
         self.counters.ledger = runtime.ledger()
 
     def _start(self, nursery: trio.Nursery) -> None:

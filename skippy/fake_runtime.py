@@ -3,12 +3,17 @@
 Each sequence's next token is a hash of its whole token history, so a sequence
 recomputed after preemption continues exactly as it would have without it, and a
 duplicated or dropped token changes everything after it. Memory is a cell pool with
-the same accounting as the real ledger (one attention cell per token; optionally one
-recurrent slot per sequence); `hidden` cells simulate memory taken by someone else.
+the same accounting as the real ledger (one attention cell per token, shared by every
+sequence that holds it, freed when the last one lets go; optionally one recurrent state
+per sequence, shared after a copy until the next decode); `hidden` cells simulate
+memory taken by someone else. With `prefix=True` it supports prefix sharing with the
+same family rules as the real runtime (`share`): any prefix for attention, only a
+whole sequence when recurrent.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 from typing import Callable, Sequence
 
@@ -36,14 +41,22 @@ class FakeRuntime:
         *,
         recurrent: bool = False,
         eog_every: int = 0,  # 0: never end early; k: tokens whose hash % k == 0 end the generation
+        prefix: bool = False,
     ) -> None:
         self.n_ctx, self.n_batch, self.n_seq_max, self.n_vocab = n_ctx, n_batch, n_seq_max, n_vocab
         self.recurrent = recurrent
         self.eog_every = eog_every
+        self.prefix_identity: bytes | None = b"fake-runtime" if prefix else None
+        self.share_exact = recurrent
         self.hidden = 0
-        self.seqs: dict[int, list[int]] = {}  # seq id -> rolling hash after each cached token
+        self.seqs: dict[int, list[int]] = {}  # seq id -> its cell per position
+        self.cell_hash: dict[int, int] = {}  # cell -> rolling hash of the tokens up to it
+        self.owners: dict[int, set[int]] = {}  # cell -> sequences holding it
+        self.state: dict[int, int] = {}  # seq id -> recurrent state id (shared after a copy)
+        self._ids = itertools.count()
         self.decodes = 0
         self.tokens_decoded = 0
+        self.shares = 0
         self.aborted = False
         self.closed = False
         self.fail_next: Exception | None = None
@@ -71,6 +84,10 @@ class FakeRuntime:
             h = _next_hash(h, t)
         return out
 
+    def hashes(self, seq_id: int) -> list[int]:
+        """The rolling hash at every position of a sequence: what its cells hold."""
+        return [self.cell_hash[c] for c in self.seqs.get(seq_id, ())]
+
     # -- Runtime ----------------------------------------------------------------
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray) -> np.ndarray:
@@ -87,8 +104,10 @@ class FakeRuntime:
         n = int(tokens.size)
         if n == 0 or n > self.n_batch:
             raise InvalidBatchError(f"{n} tokens for n_batch {self.n_batch}")
-        new_seqs = {int(s) for s in seq_ids} - {s for s, c in self.seqs.items() if c}
-        if self._used() + n > self.n_ctx or (self.recurrent and self._slots() + len(new_seqs) > self.n_seq_max):
+        batch_seqs = {int(s) for s in seq_ids}
+        # a sequence that is new, or whose state another holds, needs a state of its own
+        new_states = {s for s in batch_seqs if s not in self.state or self._state_shared(s)}
+        if self._used() + n > self.n_ctx or (self.recurrent and self._slots() + len(new_states) > self.n_seq_max):
             raise NoKvSlotError(1, "no KV slot for the batch (memory is full)")
         expect: dict[int, int] = {}
         for s, p in zip(seq_ids.tolist(), positions.tolist()):
@@ -96,38 +115,75 @@ class FakeRuntime:
             if p != want:
                 raise InvalidBatchError(f"seq {s} continues at position {p}, but its memory ends at {want - 1}")
             expect[s] = p + 1
+        for s in new_states:
+            self.state[s] = next(self._ids)
         rows = []
         for t, s, o in zip(tokens.tolist(), seq_ids.tolist(), outputs.tolist()):
             cells = self.seqs.setdefault(s, [])
-            cells.append(_next_hash(cells[-1] if cells else 0, t))
+            h = _next_hash(self.cell_hash[cells[-1]] if cells else 0, t)
+            cell = next(self._ids)
+            self.cell_hash[cell], self.owners[cell] = h, {s}
+            cells.append(cell)
             if o:
                 row = np.zeros(self.n_vocab, dtype=np.float32)
-                row[self.token_for(cells[-1])] = 1.0
+                row[self.token_for(h)] = 1.0
                 rows.append(row)
         self.decodes += 1
         self.tokens_decoded += n
         return np.stack(rows) if rows else np.empty((0, self.n_vocab), dtype=np.float32)
 
+    def _state_shared(self, seq_id: int) -> bool:
+        st = self.state.get(seq_id)
+        return st is not None and sum(1 for v in self.state.values() if v == st) > 1
+
     def _used(self) -> int:
-        return sum(len(c) for c in self.seqs.values()) + self.hidden
+        return len(self.owners) + self.hidden
 
     def _slots(self) -> int:
-        return sum(1 for c in self.seqs.values() if c)
+        return len(set(self.state.values())) if self.recurrent else 0
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         if seq_id < 0:
-            self.seqs.clear()
+            for s in list(self.seqs):
+                self.seq_rm(s)
             return True
         cells = self.seqs.get(seq_id, [])
         p0 = 0 if p0 < 0 else p0
         p1 = len(cells) if p1 < 0 else p1
         if p1 < len(cells) and p0 < p1:
             return False  # only tails can be cut in this model
+        for c in cells[p0:]:
+            holders = self.owners[c]
+            holders.discard(seq_id)
+            if not holders:
+                del self.owners[c], self.cell_hash[c]
         del cells[p0:]
+        if not cells:
+            self.seqs.pop(seq_id, None)
+            self.state.pop(seq_id, None)
         return True
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        raise NotImplementedError("prefix sharing is a later issue")
+        assert p0 <= 0, "only prefixes are shared"
+        self.seq_rm(dst)
+        cells = self.seqs.get(src, [])
+        take = cells[: len(cells) if p1 < 0 else p1]
+        if not take:
+            return
+        self.seqs[dst] = list(take)
+        for c in take:
+            self.owners[c].add(dst)
+        if src in self.state:
+            self.state[dst] = self.state[src]
+
+    def share(self, src: int, dst: int, length: int) -> int:
+        """The real runtime's rules: any prefix of attention cells; a recurrent state only whole."""
+        end = len(self.seqs.get(src, ()))
+        if length <= 0 or end < length or (self.share_exact and end != length):
+            return 0
+        self.seq_cp(src, dst, 0, length)
+        self.shares += 1
+        return length
 
     def ledger(self) -> Ledger:
         comps = [MemoryComponent(ComponentKind.ATTN, self.n_ctx, self._used(), self.n_ctx * 64)]

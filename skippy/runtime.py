@@ -7,13 +7,34 @@ for scheduler-logic tests only (anything about llama.cpp behaviour is tested on 
 
 from __future__ import annotations
 
+import hashlib
+import os
+from pathlib import Path
 from typing import Protocol, Sequence
 
+import attrs
 import numpy as np
 
+from .families import KvClass, kv_class
 from .kv import Ledger
 from .native import Batch, Context, ContextOptions, Model
 from .sampling import Sampler
+from .scheduling.prefix import identity_seed
+
+# Context settings that do not change what a KV cell holds (sizes and threading); every other
+# ContextOptions field is part of the prefix identity.
+_NOT_IN_IDENTITY = frozenset({"n_ctx", "n_batch", "n_ubatch", "n_seq_max", "threads"})
+_digests: dict[tuple[str, int, int], str] = {}
+
+
+def file_digest(path: Path) -> str:
+    """sha256 of a model file, memoised per (path, size, mtime) for this process."""
+    st = os.stat(path)
+    key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
+    if key not in _digests:
+        with open(path, "rb") as f:
+            _digests[key] = hashlib.file_digest(f, "sha256").hexdigest()
+    return _digests[key]
 
 
 class Runtime(Protocol):
@@ -29,6 +50,12 @@ class Runtime(Protocol):
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool: ...
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
+
+    prefix_identity: bytes  # seed of the prefix hash chain: same model file and KV settings
+    share_exact: bool  # recurrent state: a prefix is reusable only whole (see scheduling.prefix)
+
+    def share(self, src: int, dst: int, length: int) -> int:
+        """Give dst src's first `length` positions if this family can; returns what was shared (0 or length)."""
 
     def ledger(self) -> Ledger: ...
 
@@ -57,6 +84,11 @@ class ContextRuntime:
         )
         self._batch = Batch(self.n_batch)
         self._tok = model.tokenizer
+        self.kv_class = kv_class(model.arch)
+        self.share_exact = self.kv_class.recurrent
+        settings = {k: v for k, v in attrs.asdict(options).items() if k not in _NOT_IN_IDENTITY}
+        self.prefix_identity = identity_seed(file_digest(model.path), model.arch, settings)
+        self._n_swa = model.n_swa if self.kv_class is KvClass.ISWA else 0
 
     def decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray) -> np.ndarray:
         return self.ctx.decode(self._batch.set(tokens, positions, seq_ids, outputs))
@@ -66,6 +98,28 @@ class ContextRuntime:
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
         self.ctx.seq_cp(src, dst, p0, p1)
+
+    def share(self, src: int, dst: int, length: int) -> int:
+        """seq_cp of [0, length) when the cells it needs are really there.
+
+        - dense / MLA: every position of src is a cell; any prefix shares.
+        - ISWA: the full-attention cells always share; the sliding-window cache drops a
+          sequence's cells that fell out of its window (lazily, when space is needed), so
+          the cells the next token attends to, [length - n_swa + 1, length), must still be
+          held by src. If not, nothing is shared and the prompt is recomputed: sharing the
+          full-attention part alone would leave the window layers without their past.
+        - recurrent / hybrid: llama.cpp copies the whole state (p0/p1 are ignored for it),
+          which is the state after src's last token: only a share of all of src is exact.
+        """
+        end = self.ctx.seq_pos_max(src) + 1  # src holds positions [pos_min, end)
+        if length <= 0 or end < length:
+            return 0
+        if self.share_exact and end != length:
+            return 0
+        if self._n_swa and self.ctx.seq_pos_min(src) > max(0, length - self._n_swa + 1):
+            return 0
+        self.ctx.seq_cp(src, dst, 0, length)
+        return length
 
     def ledger(self) -> Ledger:
         return self.ctx.ledger()

@@ -58,6 +58,12 @@ class EngineStats:
     t_sample: float
     t_step: float
     ceiling: int
+    prefix_queries: int = 0  # prompt tokens looked up in the prefix cache (at admission)
+    prefix_hits: int = 0  # prompt tokens shared from a resident entry or a running sequence
+    prefix_evictions: int = 0  # resident entries evicted (budget, pressure, or subsumed)
+    prefix_entries: int = 0
+    prefix_resident_tokens: int = 0
+    kv_used_peak: Mapping[ComponentKind, int] = attrs.field(factory=dict)  # max over steps
 
     @property
     def python_overhead_pct(self) -> float:
@@ -87,6 +93,12 @@ class Counters:
     t_decode: float = 0.0
     t_sample: float = 0.0
     t_step: float = 0.0
+    prefix_queries: int = 0
+    prefix_hits: int = 0
+    prefix_evictions: int = 0
+    prefix_entries: int = 0
+    prefix_resident_tokens: int = 0
+    kv_used_peak: dict = attrs.field(factory=dict)
 
     def record(self, r: StepReport, output_tokens: int) -> None:
         self.steps += 1
@@ -101,6 +113,8 @@ class Counters:
         self.t_decode += r.t_decode
         self.t_sample += r.t_sample
         self.t_step += r.t_step
+        for kind, used in r.kv_used.items():
+            self.kv_used_peak[kind] = max(self.kv_used_peak.get(kind, 0), used)
 
     def snapshot(self) -> EngineStats:
         ledger = self.ledger.components if self.ledger else ()
@@ -111,5 +125,7 @@ class Counters:
             prefill_tokens=self.prefill_tokens, decode_tokens=self.decode_tokens, output_tokens=self.output_tokens,
             kv_used={c.kind: c.used for c in ledger}, kv_free={c.kind: c.free for c in ledger},
             t_compose=self.t_compose, t_decode=self.t_decode, t_sample=self.t_sample, t_step=self.t_step,
-            ceiling=self.ceiling,
+            ceiling=self.ceiling, prefix_queries=self.prefix_queries, prefix_hits=self.prefix_hits,
+            prefix_evictions=self.prefix_evictions, prefix_entries=self.prefix_entries,
+            prefix_resident_tokens=self.prefix_resident_tokens, kv_used_peak=dict(self.kv_used_peak),
         )

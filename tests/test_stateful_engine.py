@@ -4,6 +4,13 @@ The engine runs in its own trio loop on a helper thread (hypothesis rules are
 synchronous); rules reach it with trio.from_thread. Placement invariants are checked
 from inside the composer at the end of every step (the one moment no message is in
 flight between actors), everything else from the rules.
+
+The prefix cache is on: prompts often start with one of a few shared prefixes, so
+requests record, hit (from resident entries and from running sequences) and evict
+(under the budget and under the memory pressure the rules create). Its invariant:
+every running sequence holds exactly the cells of its own tokens, at every step: no
+eviction, release or preemption ever takes a cell from a sequence still using it.
+Run twice: attention memory (any prefix shares) and recurrent (whole states only).
 """
 
 from __future__ import annotations
@@ -19,13 +26,23 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import skippy
 from skippy.errors import OverloadedError
-from skippy.fake_runtime import FakeRuntime
+from skippy.fake_runtime import FakeRuntime, _next_hash
 from skippy.kv import ComponentKind
 from skippy.scheduling import RequestState
 
 pytestmark = pytest.mark.stateful
 
-CAPACITY, CEILING, MAX_PREEMPTIONS = 160, 5, 2
+CAPACITY, CEILING, MAX_PREEMPTIONS, SLOTS = 160, 5, 2, 3
+PREFIXES = [[(7 * k + 3 * j) % 31 + 1 for k in range(40)] for j in range(3)]
+
+
+def chain(tokens) -> list[int]:
+    """What the fake's cells hold for these tokens: the rolling hash at every position."""
+    out, h = [], 0
+    for t in tokens:
+        h = _next_hash(h, int(t))
+        out.append(h)
+    return out
 
 
 class Session:
@@ -39,9 +56,12 @@ class Session:
 
 
 class EngineMachine(RuleBasedStateMachine):
+    RECURRENT = True
+
     def __init__(self) -> None:
         super().__init__()
-        self.rt = FakeRuntime(n_ctx=CAPACITY, n_batch=24, n_seq_max=CEILING, n_vocab=32, recurrent=True, eog_every=23)
+        self.rt = FakeRuntime(n_ctx=CAPACITY, n_batch=24, n_seq_max=CEILING + SLOTS, n_vocab=32,
+                              recurrent=self.RECURRENT, eog_every=23, prefix=True)
         self.sessions: list[Session] = []
         self.violations: list[str] = []
         self._ready, self._finished = threading.Event(), threading.Event()
@@ -56,7 +76,8 @@ class EngineMachine(RuleBasedStateMachine):
         self.stop = trio.Event()
         try:
             async with trio.open_nursery() as nursery:
-                async with skippy.open_engine(self.rt, max_waiting=6, decode_reserve=3,
+                async with skippy.open_engine(self.rt, max_waiting=6, decode_reserve=3, prefix_slots=SLOTS,
+                                              prefix_budget_tokens=100, prefix_block=8,
                                               max_preemptions=MAX_PREEMPTIONS, on_step=self._check) as engine:
                     self.engine, self.nursery = engine, nursery
                     self._ready.set()
@@ -82,6 +103,12 @@ class EngineMachine(RuleBasedStateMachine):
         for c in self.rt.ledger().components:
             if c.used > c.size:
                 self.violations.append(f"step {report.step}: {c}")
+        for r in running:
+            if r.share is None and self.rt.hashes(r.seq_id) != chain(r.token_slice(0, r.cached)):
+                self.violations.append(f"step {report.step}: request {r.id} (seq {r.seq_id}) lost or misplaced a cell")
+        for seq_id, entry in self.engine._composer.prefix.entries.items():
+            if self.rt.hashes(seq_id) != chain(entry.tokens):
+                self.violations.append(f"step {report.step}: resident entry on seq {seq_id} does not hold its tokens")
 
     async def _consume(self, s: Session) -> None:
         with trio.CancelScope() as s.scope:
@@ -102,9 +129,9 @@ class EngineMachine(RuleBasedStateMachine):
 
     # -- rules ---------------------------------------------------------------------------
 
-    def _submit(self, prompt_len, max_tokens, first):
-        prompt = [(first + 7 * i) % 31 + 1 for i in range(prompt_len)]
-        s = Session(prompt, min(max_tokens, CAPACITY - prompt_len))
+    def _submit(self, prompt_len, max_tokens, first, prefix=()):
+        prompt = list(prefix) + [(first + 7 * i) % 31 + 1 for i in range(prompt_len)]
+        s = Session(prompt, min(max_tokens, CAPACITY - len(prompt)))
         self.sessions.append(s)
         self._run_sync(self.nursery.start_soon, self._consume, s)
 
@@ -116,6 +143,19 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(prompt_len=st.integers(1, 60), max_tokens=st.integers(1, 40), first=st.integers(1, 31))
     def submit(self, prompt_len, max_tokens, first):
         self._submit(prompt_len, max_tokens, first)
+
+    @rule(which=st.integers(0, len(PREFIXES) - 1), cut=st.integers(8, 40), suffix=st.integers(0, 20),
+          max_tokens=st.integers(1, 30), first=st.integers(1, 31))
+    def submit_with_a_shared_prefix(self, which, cut, suffix, max_tokens, first):
+        self._submit(suffix, max_tokens, first, PREFIXES[which][:cut])
+
+    @precondition(lambda self: self.sessions)
+    @rule(pick=st.integers(0, 10_000), more=st.integers(1, 12), max_tokens=st.integers(1, 20))
+    def follow_up(self, pick, more, max_tokens):
+        """The next turn of a conversation: an earlier prompt, its answer so far, and more."""
+        s = self.sessions[pick % len(self.sessions)]
+        if len(s.prompt) + len(s.tokens) + more < CAPACITY - 1:
+            self._submit(more, max_tokens, pick % 31 + 1, s.prompt + s.tokens)
 
     @rule(n=st.integers(1, 6))
     def let_steps_run(self, n):
@@ -172,7 +212,7 @@ class EngineMachine(RuleBasedStateMachine):
                     # a consumer that left is done at once; its cells are freed at the composer's next
                     # round, so wait for the engine to go quiet before reading the ledger
                     while (self.engine._composer.policy.running or self.engine._admission.policy.waiting
-                           or self.rt.ledger().get(ComponentKind.ATTN).used):
+                           or any(s < CEILING for s in self.rt.seqs)):
                         await trio.sleep(0.001)
                 stuck = [(r.id, r.state, r.preemptions, r.pinned, r.cached, len(r.generated), r.n_tokens, r.max_tokens)
                          for r in (s.request for s in self.sessions if not s.done) if r is not None]
@@ -197,10 +237,13 @@ class EngineMachine(RuleBasedStateMachine):
                     assert isinstance(last.error, skippy.StepFailedError), last
                 else:
                     assert last.finish_reason == "cancelled", last
-            assert self.rt.ledger().get(ComponentKind.ATTN).used == 0
-            assert not self.violations, self.violations[:3]
             stats = self.engine.stats()
+            assert [s for s in self.rt.seqs if s < CEILING] == []  # no lane keeps a cell
+            assert self.rt.ledger().get(ComponentKind.ATTN).used <= stats.prefix_resident_tokens
+            assert not self.violations, self.violations[:3]
             event(f"preempted: {stats.preemptions > 0}")
+            event(f"prefix hits: {stats.prefix_hits > 0}")
+            event(f"prefix evictions: {stats.prefix_evictions > 0}")
             event(f"finish reasons: {sorted(k for k, v in stats.finished.items() if v)}")
         finally:
             self._run_sync(self.stop.set)
@@ -216,3 +259,11 @@ EngineMachine.TestCase.settings = settings(
     max_examples=30, stateful_step_count=25, phases=[Phase.explicit, Phase.reuse, Phase.generate], deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 test_engine_state_machine = EngineMachine.TestCase
+
+
+class AttentionEngineMachine(EngineMachine):
+    RECURRENT = False
+
+
+AttentionEngineMachine.TestCase.settings = EngineMachine.TestCase.settings
+test_engine_state_machine_attention_memory = AttentionEngineMachine.TestCase

@@ -29,10 +29,10 @@ class AdmissionActor:
     def handle(self, msg: object) -> None:
         p = self.policy
         if isinstance(msg, AdmitQuery):
-            admitted = p.admit(msg.headroom)
+            admitted = p.admit(msg.headroom, msg.match)
             self.counters.admitted += len(admitted)
             self.counters.waiting = len(p.waiting)
-            reply(msg.reply, Admitted(tuple(admitted), len(p.waiting)))
+            reply(msg.reply, Admitted(tuple(admitted), len(p.waiting), p.blocked))
         elif isinstance(msg, Submit):
             try:
                 p.submit(msg.request)

@@ -1,16 +1,20 @@
 """Composer actor: drives the step loop over scheduling.Composer.
 
 Per step: sweep cancellations (their cells are freed before anything else) -> relieve
-decode pressure by preemption, or else admit -> compose -> one Step on the runtime ->
-route tokens, release finished sequences -> telemetry. A step that preempted admits
-nothing new.
+decode pressure (evict resident prefixes first, then preempt), or else admit -> copy in
+shared prefixes -> compose -> one Step on the runtime -> route tokens, record prompts
+just prefilled in the prefix cache, release finished sequences -> telemetry. A step
+that preempted admits nothing new.
+
+The prefix cache (scheduling.prefix) is owned here: the composer is the one actor that
+sees requests from admission to release, which is the lifetime of a live source.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import trio
 from loguru import logger
@@ -19,10 +23,11 @@ from ..errors import NoKvSlotError, StepFailedError
 from ..kv import ComponentKind, Ledger
 from ..scheduling.composer import Composer, StepPlan
 from ..scheduling.memory import Headroom, shortfall, step_need
-from ..scheduling.requests import Request
+from ..scheduling.prefix import Entry, PrefixCache, Share
+from ..scheduling.requests import Request, RequestState
 from ..telemetry import Counters, StepReport
 from ._mail import call, deliver
-from .messages import AdmitQuery, LedgerQuery, Pressure, Release, Released, Step, StepResult
+from .messages import AdmitQuery, LedgerQuery, Pressure, Release, Released, ShareCells, Step, StepResult
 
 ATTN = ComponentKind.ATTN
 
@@ -39,6 +44,7 @@ class ComposerActor:
         counters: Counters,
         decode_reserve: int,
         on_step: Callable[[StepReport], None] | None = None,
+        prefix: PrefixCache | None = None,
     ) -> None:
         self.policy = policy
         self.inbox = inbox
@@ -49,6 +55,7 @@ class ComposerActor:
         self.counters = counters
         self.decode_reserve = decode_reserve
         self.on_step = on_step
+        self.prefix = prefix
         self.waiting = 0
         self.step_no = 0
 
@@ -66,14 +73,19 @@ class ComposerActor:
                 queried = not victims and not preempted_last
                 if queried:
                     headroom = Headroom.of(self.ledger, self.policy.running, self.decode_reserve)
-                    answer = await call(self.admission, lambda r: AdmitQuery(headroom, r))
+                    match = self._match if self.prefix is not None else None
+                    answer = await call(self.admission, lambda r: AdmitQuery(headroom, r, match))
                     admitted, self.waiting = answer.requests, answer.waiting
-                    self.policy.add(admitted)
+                    self._admitted(admitted)
+                    if not admitted and answer.blocked and await self._evict_for(answer.blocked, guess=True):
+                        continue  # the cache gave the queue head its room: ask again
+                await self._copy_shares()
                 plan = self.policy.compose(self._attn_free())
                 stuck = plan.n_tokens == 0 and bool(self.policy.running)
                 if plan.starved or stuck or shortfall(self.ledger, self._need(plan)):
-                    more = await self._relieve(self._decode_shortfall() or {ATTN: plan.starved}, at_least=1)
+                    more = await self._relieve(self._decode_shortfall() or {ATTN: max(1, plan.starved)}, at_least=1)
                     victims += more
+                    await self._copy_shares()
                     plan = self.policy.compose(self._attn_free())
                 preempted_last = bool(victims)
                 n_running = len(self.policy.running)
@@ -125,17 +137,24 @@ class ComposerActor:
         return shortfall(self.ledger, step_need(decoding, 0))
 
     async def _relieve(self, missing: dict[ComponentKind, int], at_least: int = 0) -> list[Request]:
-        """Ask the preemption actor to free cells; drop its victims from the running set."""
+        """Free cells: evict resident prefixes first; preempt only if that is not enough."""
         if not missing and not at_least:
+            return []
+        if missing and await self._evict_for(missing):
             return []
         running = tuple(self.policy.running)
         answer = await call(self.preemption, lambda r: Pressure(running, missing, at_least, r))
         for v in answer.victims:
             self.policy.remove(v)
+            if self.prefix is not None:
+                self.prefix.remove_live(v)
         self.ledger = answer.ledger
         return list(answer.victims)
 
     async def _release(self, requests: Sequence[Request]) -> None:
+        if self.prefix is not None:
+            for r in requests:
+                self.prefix.remove_live(r)
         seq_ids = tuple(r.seq_id for r in requests if r.seq_id is not None)
         if not seq_ids:
             return
@@ -146,6 +165,138 @@ class ComposerActor:
         self.counters.ledger = self.ledger
         self.counters.running = len(self.policy.running)
         await call(self.admission, lambda r: Released(seq_ids, r))
+
+    # -- prefix cache ----------------------------------------------------------------
+
+    def _match(self, request: Request, admitted: Sequence[Request]) -> Share | None:
+        """Admission's lookup (called while this actor awaits the admission reply)."""
+        return self.prefix.match(request, admitted)
+
+    def _admitted(self, admitted: Sequence[Request]) -> None:
+        self.policy.add(admitted)
+        if self.prefix is None:
+            return
+        for r in admitted:
+            self.counters.prefix_queries += int(r.prompt.size)
+            if self.prefix.exact:
+                self._plan_snapshots(r)
+            self.prefix.add_live(r)
+            if r.share is not None and r.share.resident:
+                self.prefix.touch(r.share.source)
+
+    def _plan_snapshots(self, r: Request) -> None:
+        """Recurrent state: a live source pauses where it is shared; else r pauses where prompts part."""
+        if r.share is not None and not r.share.resident:
+            r.share.source.pauses.add(r.share.length)
+        elif r.share is None:
+            common = self.prefix.common(r)
+            if self.prefix.block <= common < r.prompt.size:
+                r.pauses.add(common)
+
+    def _protected(self) -> set[int]:
+        """Entries a request is about to copy from: never evicted before it has."""
+        return {r.share.source.seq_id for r in self.policy.running if r.share is not None and r.share.resident}
+
+    def _source_seq(self, share: Share) -> int | None:
+        """The sequence to copy from now; None while a live source is still computing the prefix,
+        -1 when the source is gone."""
+        src = share.source
+        if share.resident:
+            return src.seq_id if self.prefix.entries.get(src.seq_id) is src else -1
+        if src.state is not RequestState.RUNNING or src.seq_id is None or src.cancel_requested \
+                or src not in self.policy.running:
+            return -1
+        if src.cached < share.length:
+            return None
+        if self.prefix.exact and src.cached > share.length:
+            return -1  # its state moved on (its snapshot, if recorded, is an entry now)
+        return src.seq_id
+
+    async def _copy_shares(self) -> None:
+        """Copy promised prefixes into their requests, once their sources hold them."""
+        if self.prefix is None:
+            return
+        for r in [r for r in self.policy.running if r.share is not None]:
+            seq = self._source_seq(r.share)
+            if seq == -1:  # its source left (finished, cancelled, preempted, evicted): look again
+                r.share = self.prefix.match(r, ())
+                seq = self._source_seq(r.share) if r.share is not None else None
+                if seq == -1:
+                    r.share = None
+            if seq is None or seq == -1:
+                continue
+            length = r.share.length
+            answer = await call(self.runtime, lambda rep: ShareCells(seq, r.seq_id, length, rep))
+            self.ledger = answer.ledger
+            r.share = None
+            r.cached = r.cached_tokens = answer.granted
+            self.counters.prefix_hits += answer.granted
+            logger.debug("request {} shares {} of {} prompt tokens from seq {}", r.id, answer.granted, length, seq)
+
+    async def _record(self, plan: StepPlan) -> None:
+        """Keep prompts that this step finished prefilling as resident prefixes."""
+        for c in plan.chunks:
+            r, end = c.request, c.start + c.n
+            if r.seq_id is None or r.cancel_requested:
+                continue
+            if self.prefix.exact:  # a recurrent state is a snapshot of exactly where the chunk ended
+                if end != r.prompt.size and end not in r.pauses:
+                    continue
+                p = end
+            else:
+                p = int(r.prompt.size)
+                if not c.start < p <= end:
+                    continue
+            evicted = self.prefix.plan_record(r.prompt[:p], self._protected())
+            if evicted is None:
+                continue
+            await self._free_entries(evicted)
+            entry = self.prefix.add(r.prompt[:p])
+            answer = await call(self.runtime, lambda rep: ShareCells(r.seq_id, entry.seq_id, p, rep))
+            self.ledger = answer.ledger
+            if answer.granted == 0:  # the family could not keep it (e.g. sliding window moved on)
+                self.prefix.drop(entry)  # its sequence holds nothing
+        self._publish_prefix()
+
+    async def _free_entries(self, entries: Sequence[Entry]) -> None:
+        if not entries:
+            return
+        for e in entries:
+            self.prefix.drop(e)
+        self.ledger = await call(self.runtime, lambda r: Release(tuple(e.seq_id for e in entries), r))
+        self.counters.prefix_evictions += len(entries)
+        self.counters.ledger = self.ledger
+        self._publish_prefix()
+
+    async def _evict_for(self, missing: Mapping[ComponentKind, int], guess: bool = False) -> bool:
+        """Evict least recently used entries until `missing` cells are free; True if that did it.
+
+        Entries share cells with running sequences; seq_rm frees only what no sequence
+        still holds, so a running sequence never loses a cell. With `guess` (admission
+        pressure) nothing is evicted unless the cache provably holds enough cells alone:
+        used cells minus every running sequence's cells."""
+        if self.prefix is None or not self.prefix.entries:
+            return False
+        start = {c.kind: c.free for c in self.ledger.components}
+        if guess:
+            attn = self.ledger.get(ATTN)
+            alone = attn.used - sum(r.cached for r in self.policy.running) if attn else 0
+            if alone < missing.get(ATTN, 0):
+                return False
+        protected = self._protected()
+        while True:
+            entry = self.prefix.lru(protected)
+            if entry is None:
+                return False
+            await self._free_entries([entry])
+            now = {c.kind: c.free for c in self.ledger.components}
+            if all(now.get(k, 0) - start.get(k, 0) >= n for k, n in missing.items()):
+                logger.debug("prefix cache evicted down to {} entries to free {}", len(self.prefix.entries), dict(missing))
+                return True
+
+    def _publish_prefix(self) -> None:
+        self.counters.prefix_entries = len(self.prefix.entries)
+        self.counters.prefix_resident_tokens = self.prefix.resident_tokens
 
     # -- finishing -------------------------------------------------------------------
 
@@ -181,6 +332,8 @@ class ComposerActor:
                 deliver(e.request.sink, e.event)
                 if e.event.final:
                     self.counters.finished[e.event.finish_reason] += 1
+            if self.prefix is not None:
+                await self._record(plan)  # before release: a request that just finished still holds its prompt
             await self._release(finished)
             return finished, [], len(events)
         in_step = list(dict.fromkeys(c.request for c in plan.chunks if c.request in self.policy.running))

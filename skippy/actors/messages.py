@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -44,14 +44,20 @@ class Release:
 
 
 @attrs.frozen
-class SeqCopy:
-    """seq_cp: dst shares src's cells in [p0, p1) (prefix sharing); replies with the ledger after."""
+class ShareCells:
+    """dst gets src's first `length` positions (seq_cp: attention cells shared, not copied),
+    as far as the family allows; replies with a Shared."""
 
     src: int
     dst: int
-    p0: int
-    p1: int
+    length: int
     reply: Any
+
+
+@attrs.frozen
+class Shared:
+    granted: int  # positions dst now holds: `length`, or 0 when the family could not share
+    ledger: Ledger
 
 
 @attrs.frozen
@@ -79,12 +85,16 @@ class Cancel:
 class AdmitQuery:
     headroom: Headroom
     reply: Any
+    # prefix lookup (request, admitted this round) -> Share | None; the composer's cache, read
+    # while the composer awaits this very reply, so nothing changes it meanwhile
+    match: Callable[[Request, Sequence[Request]], Any] | None = None
 
 
 @attrs.frozen
 class Admitted:
     requests: tuple[Request, ...]
     waiting: int
+    blocked: Mapping[ComponentKind, int] | None = None  # cells the queue head lacked, if memory stopped it
 
 
 @attrs.frozen

@@ -16,7 +16,7 @@ from loguru import logger
 from ..errors import NoKvSlotError
 from ..runtime import Runtime, sample_rows
 from ._mail import reply
-from .messages import LedgerQuery, Release, SeqCopy, Step, StepResult
+from .messages import LedgerQuery, Release, ShareCells, Shared, Step, StepResult
 from .worker import Worker
 
 
@@ -34,9 +34,9 @@ class RuntimeOwner:
                     reply(msg.reply, result)
                 elif isinstance(msg, Release):
                     reply(msg.reply, self._release(msg.seq_ids))
-                elif isinstance(msg, SeqCopy):
-                    self.runtime.seq_cp(msg.src, msg.dst, msg.p0, msg.p1)
-                    reply(msg.reply, self.runtime.ledger())
+                elif isinstance(msg, ShareCells):
+                    granted = self.runtime.share(msg.src, msg.dst, msg.length)
+                    reply(msg.reply, Shared(granted, self.runtime.ledger()))
                 elif isinstance(msg, LedgerQuery):
                     reply(msg.reply, self.runtime.ledger())
                 else:  # pragma: no cover - a programming error, loudly

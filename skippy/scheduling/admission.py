@@ -8,13 +8,14 @@ behind it is admitted, so a big request cannot be starved by a stream of small o
 from __future__ import annotations
 
 import itertools
-from typing import Callable
+from typing import Any, Callable, Sequence
 
 from ..errors import OverloadedError
 from .memory import Headroom, need
 from .requests import Request, RequestState
 
 PriorityKey = Callable[[Request], tuple]
+Matcher = Callable[[Request, Sequence[Request]], Any]  # prefix lookup: a prefix.Share or None
 
 
 def fcfs_priority(request: Request) -> tuple:
@@ -54,6 +55,7 @@ class Admission:
         self.decode_reserve = decode_reserve
         self.key = key
         self.waiting: list[Request] = []  # kept sorted by key
+        self.blocked: dict | None = None  # after admit(): cells the head lacked, if memory stopped it
         self._admissions = itertools.count()
 
     def submit(self, request: Request) -> None:
@@ -69,6 +71,7 @@ class Admission:
             self.lanes.give(request.seq_id)
             request.seq_id = None
         request.cached = 0
+        request.share = None
         self._insert(request)
 
     def _insert(self, request: Request) -> None:
@@ -91,20 +94,28 @@ class Admission:
     def release(self, seq_id: int) -> None:
         self.lanes.give(seq_id)
 
-    def admit(self, headroom: Headroom) -> list[Request]:
-        """Move requests from the head of the queue while a lane and every component has room."""
-        admitted = []
+    def admit(self, headroom: Headroom, match: Matcher | None = None) -> list[Request]:
+        """Move requests from the head of the queue while a lane and every component has room.
+
+        With `match`, a head whose prompt prefix is (or is about to be) in memory is promised
+        that prefix and needs cells only for the rest."""
+        admitted: list[Request] = []
+        self.blocked = None
         while self.waiting and len(self.lanes):
             head = self.waiting[0]
             if head.cancel_requested:
                 self.cancel(head)
                 continue
+            head.share = match(head, admitted) if match is not None else None
             cells = need(head, self.decode_reserve)
             if not headroom.fits(cells):
+                head.share = None
+                self.blocked = headroom.missing(cells)
                 break
             headroom = headroom.take(cells)
             self.waiting.pop(0)
             head.seq_id = self.lanes.take()
+            head.cached_tokens = 0
             head.state = RequestState.RUNNING
             head.admitted_at = next(self._admissions)
             admitted.append(head)

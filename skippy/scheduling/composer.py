@@ -53,13 +53,20 @@ class StepPlan:
 
     @property
     def new_sequences(self) -> int:
-        """Sequences this step starts from an empty memory (each takes a recurrent slot)."""
-        return sum(1 for c in self.chunks if c.start == 0)
+        """Sequences this step computes for the first time (each takes a recurrent slot of its own:
+        one that shared a state gets its own copy at its first decode)."""
+        return sum(1 for c in self.chunks if c.start == c.request.cached_tokens)
 
     @property
     def output_requests(self) -> list[Request]:
         """Requests of the logits rows, in row order."""
         return [c.request for c in self.chunks if c.output]
+
+
+def _to_next_pause(r: Request) -> int:
+    """Tokens until the next point where its prefill must stop (a recurrent snapshot is taken there)."""
+    ahead = [p - r.cached for p in r.pauses if p > r.cached]
+    return min(ahead) if ahead else r.pending
 
 
 @attrs.frozen
@@ -84,17 +91,19 @@ class Composer:
         self.running.remove(request)
 
     def compose(self, cell_budget: int | None = None) -> StepPlan:
-        """Decode tokens first, then prefill chunks in admission order, within both budgets."""
+        """Decode tokens first, then prefill chunks in admission order, within both budgets.
+
+        A request still waiting for a shared prefix to be copied in is left out."""
         budget = self.n_batch if cell_budget is None else min(self.n_batch, cell_budget)
-        decoding = [r for r in self.running if r.pending == 1]
+        decoding = [r for r in self.running if r.pending == 1 and r.share is None]
         fit = decoding[: max(budget, 0)]
         chunks = [Chunk(r, r.cached, 1, True, True) for r in fit]
         left = budget - len(fit)
         for r in self.running:
             if left <= 0:
                 break
-            if r.pending > 1:
-                n = min(r.pending, left)
+            if r.pending > 1 and r.share is None:
+                n = min(r.pending, left, _to_next_pause(r))
                 chunks.append(Chunk(r, r.cached, n, n == r.pending, False))
                 left -= n
         n_dec = len(fit)

@@ -40,14 +40,18 @@ def plan_lanes(
     An explicit `requested` replaces the cells-per-session heuristic (admission gates the
     memory anyway) but never the hard limits: LLAMA_MAX_SEQ, n_batch, the recurrent budget.
     """
+    states = 0
+    if kv_class.recurrent and recurrent_bytes_per_seq > 0:
+        states = max(1, int(recurrent_budget_bytes // recurrent_bytes_per_seq))
+        reserved = min(reserved, states // 2)  # reserved ids hold a whole state each: at most half the budget
     limits = {
         "LLAMA_MAX_SEQ - reserved": LLAMA_MAX_SEQ - reserved,
         "n_batch (one decode token per lane per step)": n_batch,
     }
     if requested is None:
         limits["n_ctx / floor_ctx_per_session"] = max(1, n_ctx // floor_ctx_per_session)
-    if kv_class.recurrent and recurrent_bytes_per_seq > 0:
-        limits["recurrent state budget / bytes per sequence"] = max(1, int(recurrent_budget_bytes // recurrent_bytes_per_seq))
+    if states:
+        limits["recurrent state budget / bytes per sequence"] = states - reserved
     if requested is not None:
         limits["requested"] = requested
     reason, ceiling = min(limits.items(), key=lambda kv: kv[1])

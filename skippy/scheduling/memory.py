@@ -29,9 +29,11 @@ def reserve_of(request: Request, decode_reserve: int) -> int:
 
 
 def need(request: Request, decode_reserve: int) -> dict[ComponentKind, int]:
-    """What admitting `request` (fresh or resumed) takes from each component."""
+    """What admitting `request` (fresh or resumed) takes from each component.
+
+    A shared prefix is already in memory (its source holds it), so it costs nothing more."""
     return {
-        ComponentKind.ATTN: request.n_tokens + reserve_of(request, decode_reserve),
+        ComponentKind.ATTN: request.n_tokens + reserve_of(request, decode_reserve) - request.held,
         ComponentKind.RECURRENT: 1,
     }
 
@@ -39,7 +41,7 @@ def need(request: Request, decode_reserve: int) -> dict[ComponentKind, int]:
 def promised(request: Request, decode_reserve: int) -> dict[ComponentKind, int]:
     """What a running request will still take that the ledger does not show yet."""
     return {
-        ComponentKind.ATTN: max(0, request.n_tokens + reserve_of(request, decode_reserve) - request.cached),
+        ComponentKind.ATTN: max(0, request.n_tokens + reserve_of(request, decode_reserve) - request.held),
         ComponentKind.RECURRENT: 1 if request.cached == 0 else 0,
     }
 
@@ -61,6 +63,9 @@ class Headroom:
 
     def fits(self, cells: Mapping[ComponentKind, int]) -> bool:
         return all(self.free[k] >= n for k, n in cells.items() if k in self.free)
+
+    def missing(self, cells: Mapping[ComponentKind, int]) -> dict[ComponentKind, int]:
+        return {k: n - self.free[k] for k, n in cells.items() if k in self.free and n > self.free[k]}
 
     def take(self, cells: Mapping[ComponentKind, int]) -> "Headroom":
         return Headroom({k: v - cells.get(k, 0) for k, v in self.free.items()})

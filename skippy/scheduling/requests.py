@@ -76,6 +76,10 @@ class Request:
     cancel_requested: bool = False
     ignore_eos: bool = False  # end-of-generation tokens do not finish it (benchmarks: exact lengths)
     finish_reason: FinishReason | None = None
+    share: Any = None  # a prefix.Share promised at admission, until its cells are copied in
+    cached_tokens: int = 0  # prompt tokens of this admission that came from the prefix cache
+    prefix_hashes: list[bytes] | None = attrs.field(default=None, repr=False)  # its prompt's block hashes
+    pauses: set[int] = attrs.field(factory=set)  # prefill chunks end here (recurrent prefix snapshots)
     sampler: Sampler = attrs.field(init=False)
     assembler: Any = attrs.field(default=None, init=False)  # its TextAssembler, kept across preemption
     sink: Any = attrs.field(default=None, init=False, repr=False)  # where its events go (a trio channel)
@@ -94,6 +98,11 @@ class Request:
         return self.n_tokens - self.cached
 
     @property
+    def held(self) -> int:
+        """Tokens in memory, or promised there by a share not yet copied in."""
+        return max(self.cached, self.share.length if self.share is not None else 0)
+
+    @property
     def remaining(self) -> int:
         return self.max_tokens - len(self.generated)
 
@@ -109,7 +118,8 @@ class Request:
 
     @property
     def usage(self) -> Usage:
-        return Usage(prompt_tokens=int(self.prompt.size), completion_tokens=len(self.generated))
+        return Usage(prompt_tokens=int(self.prompt.size), completion_tokens=len(self.generated),
+                     cached_tokens=self.cached_tokens)
 
 
 def validate(prompt: Sequence[int] | np.ndarray, max_tokens: int, n_ctx: int, n_vocab: int) -> np.ndarray:
