@@ -1,0 +1,116 @@
+"""The cutover gate over a results directory: per engine pair and workload, pass or fail. Pure.
+
+For new (skippy) against each reference (single-lane, llama-server), on every closed-loop
+workload of the sweep:
+  throughput@N   new out tok/s >= ratio x reference, at the target N
+  goodput@N      new goodput >= ratio x reference, at the target N (needs an SLO)
+  p99 TTFT@N     new p99 TTFT <= reference x (1 + slack), at the target N
+  N=1            new out tok/s >= (1 - tolerance) x reference: no single-user regression
+  curve          the same at every N both ran: the new curve dominates everywhere
+  no failures    new failed no request at any N
+A check without data (an N not swept, no SLO) fails: absent evidence never passes the gate.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping, Sequence
+
+import attrs
+
+from .engines import NEW, OLD, PEER
+from .metrics import Summary
+
+
+@attrs.frozen
+class Thresholds:
+    throughput_ratio: float
+    goodput_ratio: float
+    p99_ttft_slack: float = 0.0
+    n1_tolerance: float = 0.05
+
+
+# the seed's proposed margins: >= 2x throughput at N=32 with equal-or-better p99 against the old
+# engine, and raw throughput at or above llama-server's on the same work; no N=1 regression
+DEFAULTS: dict[str, Thresholds] = {OLD: Thresholds(2.0, 1.0), PEER: Thresholds(1.0, 1.0)}
+
+
+@attrs.frozen
+class Check:
+    reference: str
+    workload: str
+    name: str
+    passed: bool
+    new: float | None
+    ref: float | None
+    requirement: str
+
+
+Key = tuple[str, str, str, float]  # (engine, workload, load kind, x)
+
+
+def _ratio_check(reference: str, workload: str, name: str, new: float | None, ref: float | None,
+                 minimum: float, what: str) -> Check:
+    ok = new is not None and ref is not None and new >= minimum * ref
+    return Check(reference, workload, name, ok, new, ref, f"{what} >= {minimum:g} x reference")
+
+
+def pair_checks(runs: Mapping[Key, Summary], reference: str, workload: str, at_n: int,
+                th: Thresholds) -> list[Check]:
+    """The checks of new against `reference` on one workload's closed-loop runs."""
+    def get(engine: str, n: float) -> Summary | None:
+        return runs.get((engine, workload, "closed", float(n)))
+
+    new, ref = get(NEW, at_n), get(reference, at_n)
+    checks = [
+        _ratio_check(reference, workload, f"throughput@N={at_n}", new and new.out_tok_per_s,
+                     ref and ref.out_tok_per_s, th.throughput_ratio, "out tok/s"),
+        _ratio_check(reference, workload, f"goodput@N={at_n}", new and new.goodput, ref and ref.goodput,
+                     th.goodput_ratio, "goodput"),
+    ]
+    n_ttft, r_ttft = new and new.ttft_p99_ms, ref and ref.ttft_p99_ms
+    checks.append(Check(reference, workload, f"p99 TTFT@N={at_n}",
+                        n_ttft is not None and r_ttft is not None and n_ttft <= r_ttft * (1 + th.p99_ttft_slack),
+                        n_ttft, r_ttft, f"p99 TTFT ms <= {1 + th.p99_ttft_slack:g} x reference"))
+    floor = 1 - th.n1_tolerance
+    new1, ref1 = get(NEW, 1), get(reference, 1)
+    checks.append(_ratio_check(reference, workload, "N=1 no regression", new1 and new1.out_tok_per_s,
+                               ref1 and ref1.out_tok_per_s, floor, "out tok/s"))
+    pairs = [(n, a, b) for n in sorted({k[3] for k in runs if k[1] == workload and k[2] == "closed"})
+             if (a := get(NEW, n)) is not None and (b := get(reference, n)) is not None]
+    behind = [n for n, a, b in pairs if a.out_tok_per_s < floor * b.out_tok_per_s]
+    worst = min(pairs, key=lambda p: p[1].out_tok_per_s / max(p[2].out_tok_per_s, 1e-9), default=None)
+    checks.append(Check(reference, workload, "curve dominates", bool(pairs) and not behind,
+                        worst and worst[1].out_tok_per_s, worst and worst[2].out_tok_per_s,
+                        f"out tok/s >= {floor:g} x reference at every N"
+                        + (f" (behind at N={', '.join(f'{n:g}' for n in behind)})" if behind else "")))
+    failed = sum(s.failed for k, s in runs.items() if k[0] == NEW and k[1] == workload and k[2] == "closed")
+    checks.append(Check(reference, workload, "no failed requests", bool(pairs) and failed == 0, float(failed), None,
+                        "new fails no request at any N"))
+    return checks
+
+
+def gate(runs: Mapping[Key, Summary], at_n: int, thresholds: Mapping[str, Thresholds],
+         workloads: Sequence[str] | None = None) -> list[Check]:
+    """Every check for every reference engine present in the results."""
+    present = {k[0] for k in runs}
+    names = workloads or list(dict.fromkeys(k[1] for k in runs if k[2] == "closed"))
+    return [c for ref, th in thresholds.items() if ref in present and NEW in present
+            for w in names for c in pair_checks(runs, ref, w, at_n, th)]
+
+
+def render(checks: Sequence[Check]) -> str:
+    """One line per check, grouped by pair, and the verdict per pair."""
+    def num(x: float | None) -> str:
+        return "–" if x is None else f"{x:.3g}"
+
+    lines = []
+    for ref in dict.fromkeys(c.reference for c in checks):
+        mine = [c for c in checks if c.reference == ref]
+        verdict = "PASS" if all(c.passed for c in mine) else "FAIL"
+        lines.append(f"== {NEW} vs {ref}: {verdict} ({sum(c.passed for c in mine)}/{len(mine)} checks)")
+        for c in mine:
+            lines.append(f"  {'pass' if c.passed else 'FAIL'}  {c.workload:<14} {c.name:<22} new {num(c.new):>8}  "
+                         f"{ref} {num(c.ref):>8}   need {c.requirement}")
+    if not checks:
+        lines.append(f"no engine pair to judge: the results need {NEW} and {OLD} and/or {PEER}")
+    return "\n".join(lines)

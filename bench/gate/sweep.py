@@ -1,0 +1,123 @@
+"""A sweep: every load x engine x workload, servers restarted per (load, engine), results on disk.
+
+Engines are interleaved at each load (skippy, single-lane, llama-server at N=1, then at N=2,
+...) so slow drift of a noisy machine hits them alike. Each server is fresh for its load, so
+prefix caches start cold and its peak RSS belongs to that load. results.json is rewritten
+after every run: an interrupted sweep keeps what it measured.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import platform
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+import trio
+from tqdm import tqdm
+
+from .batched import run_batched_bench
+from .engines import PEER, ServerConfig, server_argv, tools_dir
+from .metrics import Slo
+from .model import read_vocab
+from .procs import free_port, peak_rss_mb, running_server
+from .records import Load, RunResult
+from .report import write_results
+from .runner import RunConfig, run_one
+from .workloads import Lengths, Workload
+
+
+@attrs.frozen
+class SweepOptions:
+    out: Path
+    server: ServerConfig
+    run: RunConfig
+    engines: tuple[str, ...]
+    workloads: tuple[Workload, ...]
+    lengths: Lengths
+    concurrency: tuple[int, ...]
+    rates: tuple[float, ...] = ()
+    open_slots: int = 32  # llama-server -np under Poisson load
+    slo: Slo = Slo()
+    request_timeout: float = 600.0
+    startup_timeout: float = 120.0
+    batched_bench: bool = True
+    progress: bool = True
+
+    @property
+    def loads(self) -> list[Load]:
+        return [Load.closed(n) for n in self.concurrency] + [Load.poisson(r) for r in self.rates]
+
+
+def _git_commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def meta(opts: SweepOptions, tools: Path) -> dict[str, Any]:
+    """Everything needed to reproduce or question the figures."""
+    return {
+        "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "command": ["python", "-m", "bench.gate", *sys.argv[1:]],
+        "git_commit": _git_commit(),
+        "host": {"node": platform.node(), "machine": platform.machine(), "cpus": os.cpu_count(),
+                 "python": platform.python_version()},
+        "model": {"model": opts.server.model.model, "family": opts.server.model.family,
+                  "path": str(opts.server.model.path), "bytes": opts.server.model.path.stat().st_size},
+        "server": {"threads": opts.server.threads, "n_ctx": opts.server.n_ctx, "n_batch": opts.server.n_batch},
+        "engines": list(opts.engines),
+        "argv": {e: server_argv(e, opts.server, "PORT", "N", tools) for e in opts.engines},
+        "workloads": [attrs.asdict(w) for w in opts.workloads],
+        "lengths": attrs.asdict(opts.lengths),
+        "loads": [attrs.asdict(load) for load in opts.loads],
+        "open_slots": opts.open_slots,
+        "run": attrs.asdict(opts.run),
+        "slo": attrs.asdict(opts.slo),
+        "request_timeout": opts.request_timeout,
+    }
+
+
+async def _batched(opts: SweepOptions, tools: Path) -> list[dict[str, Any]]:
+    batches = sorted(set(opts.concurrency)) or [1]
+    shapes = sorted({(w.input_len, w.output_len) for w in opts.workloads})
+    return [await run_batched_bench(tools / "llama-batched-bench", opts.server, pp, tg, batches,
+                                    opts.out / "logs" / f"batched-bench-pp{pp}-tg{tg}.log", opts.request_timeout)
+            for pp, tg in shapes]
+
+
+async def run_sweep(opts: SweepOptions) -> dict[str, Any]:
+    """Run everything, write results.json / summary.md / plots under `opts.out`; return the results."""
+    opts.out.mkdir(parents=True, exist_ok=True)
+    tools = tools_dir(build=PEER in opts.engines or opts.batched_bench, progress=opts.progress)
+    vocab = read_vocab(opts.server.model.path)
+    results: dict[str, Any] = {"meta": meta(opts, tools), "runs": [], "batched_bench": []}
+    runs: list[RunResult] = []
+    if opts.batched_bench:
+        results["batched_bench"] = await _batched(opts, tools)
+    timeout = httpx.Timeout(opts.request_timeout, connect=30.0, pool=None)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    for load in opts.loads:
+        for engine in opts.engines:
+            port = free_port()
+            argv = server_argv(engine, opts.server, port, load.n or opts.open_slots, tools)
+            log = opts.out / "logs" / f"{engine}-{load.label.replace(' ', '').replace('/', '_')}.log"
+            async with running_server(argv, port, log, startup_timeout=opts.startup_timeout) as server:
+                async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
+                    for workload in opts.workloads:
+                        with tqdm(total=opts.run.count(load), desc=f"{engine:>12} {workload.name:<12} {load.label}",
+                                  disable=not opts.progress, leave=True, file=sys.stderr) as bar:
+                            run = await run_one(server, client, engine, workload, load, vocab, opts.run,
+                                                progress=lambda: bar.update())
+                        run.server.update(peak_rss_mb=peak_rss_mb(server.pid), pid=server.pid)
+                        runs.append(run)
+                        write_results(opts.out, results, runs, opts.slo, final=False)
+    write_results(opts.out, results, runs, opts.slo, final=True)
+    return results

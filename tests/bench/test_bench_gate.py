@@ -1,0 +1,77 @@
+"""The gate's verdicts on hand-made summaries: pass, each kind of shortfall, absent evidence."""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+
+from bench.gate.gate import Thresholds, gate, render
+from bench.gate.metrics import Summary
+
+pytestmark = pytest.mark.bench
+
+
+def summ(tok: float, goodput: float | None = 1.0, ttft_p99: float = 100.0, failed: int = 0) -> Summary:
+    return Summary(completed=10, failed=failed, duration_s=1.0, req_per_s=1.0, out_tok_per_s=tok, in_tok_per_s=1.0,
+                   goodput=goodput, ttft_p50_ms=50.0, ttft_p99_ms=ttft_p99, ttft_mean_ms=60.0, tpot_p50_ms=10.0,
+                   tpot_p99_ms=20.0, itl_p50_ms=10.0, itl_p99_ms=20.0, e2e_p50_ms=500.0, e2e_p99_ms=900.0,
+                   cached_token_ratio=None)
+
+
+def results(new: dict[int, Summary], old: dict[int, Summary], workload: str = "chat"):
+    runs = {("skippy", workload, "closed", float(n)): s for n, s in new.items()}
+    runs.update({("single-lane", workload, "closed", float(n)): s for n, s in old.items()})
+    return runs
+
+
+TH = {"single-lane": Thresholds(throughput_ratio=2.0, goodput_ratio=1.0, p99_ttft_slack=0.0, n1_tolerance=0.05)}
+
+
+def verdicts(runs) -> dict[str, bool]:
+    return {c.name: c.passed for c in gate(runs, 32, TH)}
+
+
+def test_new_that_scales_passes():
+    runs = results({1: summ(96), 32: summ(300, goodput=2.0, ttft_p99=90)},
+                   {1: summ(100), 32: summ(100, goodput=1.0, ttft_p99=100)})
+    got = verdicts(runs)
+    assert got == {"throughput@N=32": True, "goodput@N=32": True, "p99 TTFT@N=32": True, "N=1 no regression": True,
+                   "curve dominates": True, "no failed requests": True}
+    assert "single-lane: PASS (6/6 checks)" in render(gate(runs, 32, TH))
+
+
+def test_each_shortfall_fails_its_own_check():
+    old = {1: summ(100), 32: summ(100, goodput=1.0, ttft_p99=100)}
+    assert not verdicts(results({1: summ(100), 32: summ(199, goodput=2)}, old))["throughput@N=32"]  # < 2x
+    assert not verdicts(results({1: summ(100), 32: summ(300, goodput=0.5)}, old))["goodput@N=32"]
+    assert not verdicts(results({1: summ(100), 32: summ(300, ttft_p99=101)}, old))["p99 TTFT@N=32"]
+    got = verdicts(results({1: summ(94), 32: summ(300)}, old))  # 6% slower alone
+    assert not got["N=1 no regression"] and not got["curve dominates"]
+    assert not verdicts(results({1: summ(100), 32: summ(300, failed=1)}, old))["no failed requests"]
+
+
+def test_curve_must_dominate_at_every_n():
+    old = {1: summ(100), 8: summ(100), 32: summ(100)}
+    got = gate(results({1: summ(100), 8: summ(90), 32: summ(300)}, old), 32, TH)
+    curve = next(c for c in got if c.name == "curve dominates")
+    assert not curve.passed and "N=8" in curve.requirement and (curve.new, curve.ref) == (90, 100)
+
+
+def test_absent_evidence_fails():
+    got = verdicts(results({1: summ(100)}, {1: summ(100)}))  # N=32 never swept
+    assert not got["throughput@N=32"] and not got["goodput@N=32"] and not got["p99 TTFT@N=32"]
+    no_slo = verdicts(results({1: summ(100), 32: summ(300, goodput=None)}, {1: summ(100), 32: summ(100, goodput=None)}))
+    assert not no_slo["goodput@N=32"]
+    assert gate({("skippy", "chat", "closed", 1.0): summ(1)}, 32, TH) == []  # no reference engine: nothing to judge
+    assert "no engine pair" in render([])
+
+
+def test_checks_are_per_workload_and_only_closed_loop():
+    runs = {**results({1: summ(100), 32: summ(300)}, {1: summ(100), 32: summ(100)}, "chat"),
+            **results({1: summ(100), 32: summ(150)}, {1: summ(100), 32: summ(100)}, "rag"),
+            ("skippy", "chat", "poisson", 4.0): attrs.evolve(summ(1), failed=3)}
+    by = {(c.workload, c.name): c.passed for c in gate(runs, 32, TH)}
+    assert by[("chat", "throughput@N=32")] and not by[("rag", "throughput@N=32")]
+    assert by[("chat", "no failed requests")]  # the Poisson run's failures are not a closed-loop check
+    assert {w for w, _ in by} == {"chat", "rag"}
+    assert {c.workload for c in gate(runs, 32, TH, workloads=["rag"])} == {"rag"}

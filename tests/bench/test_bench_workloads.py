@@ -1,0 +1,50 @@
+"""Workloads: exact lengths, the shared system prompt, seeded reproducibility."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.gate.workloads import Lengths, Vocab, make_prompts, make_workload, workload_names
+
+pytestmark = pytest.mark.bench
+
+VOCAB = Vocab(normal_ids=tuple(range(10, 60)), bos=1)
+
+
+def test_mixes_and_lengths():
+    lengths = Lengths(short_in=32, long_in=128, short_out=8, long_out=64, shared_fraction=0.5)
+    assert [(w.input_len, w.output_len) for w in map(lambda n: make_workload(n, lengths), ("chat", "rag", "gen", "long"))] \
+        == [(32, 8), (128, 8), (32, 64), (128, 64)]
+    assert make_workload("chat", lengths).shared_len == 0
+    assert make_workload("rag-shared", lengths).shared_len == 64
+    assert set(workload_names()) == {"chat", "chat-shared", "rag", "rag-shared", "gen", "gen-shared", "long",
+                                     "long-shared"}
+    with pytest.raises(ValueError):
+        make_workload("nope")
+
+
+def test_prompts_have_exact_length_bos_and_only_normal_ids():
+    w = make_workload("chat", Lengths(short_in=32))
+    prompts = make_prompts(w, VOCAB, 5, seed=0)
+    assert [len(p) for p in prompts] == [32] * 5
+    assert all(p[0] == 1 and set(p[1:]) <= set(VOCAB.normal_ids) for p in prompts)
+    no_bos = make_prompts(w, Vocab(VOCAB.normal_ids, None), 2, seed=0)
+    assert [len(p) for p in no_bos] == [32, 32] and all(t >= 10 for p in no_bos for t in p)
+
+
+def test_shared_prefix_is_shared_and_the_rest_unique():
+    w = make_workload("chat-shared", Lengths(short_in=32, shared_fraction=0.75))
+    prompts = make_prompts(w, VOCAB, 4, seed=3)
+    warm = make_prompts(w, VOCAB, 2, seed=3, stream="warmup")
+    head = prompts[0][: 1 + w.shared_len]
+    assert all(p[: 1 + w.shared_len] == head for p in prompts + warm)  # BOS + system prompt, warm-up too
+    tails = {tuple(p[1 + w.shared_len:]) for p in prompts + warm}
+    assert len(tails) == 6  # unique suffixes, warm-up included
+
+
+def test_same_seed_same_prompts_other_seed_other_prompts():
+    w = make_workload("rag", Lengths(long_in=64))
+    assert make_prompts(w, VOCAB, 3, seed=7) == make_prompts(w, VOCAB, 3, seed=7)
+    assert make_prompts(w, VOCAB, 3, seed=7) != make_prompts(w, VOCAB, 3, seed=8)
+    assert make_prompts(w, VOCAB, 3, seed=7) != make_prompts(make_workload("long", Lengths(long_in=64)), VOCAB, 3, 7)
+
