@@ -11,6 +11,7 @@ requests, all three engines); every quick default can still be overridden.
 from __future__ import annotations
 
 import argparse
+import shlex
 import signal
 import sys
 from pathlib import Path
@@ -68,6 +69,10 @@ def _sweep_parser(sub: Any) -> None:
     p.add_argument("--slo-ttft-ms", type=float)
     p.add_argument("--slo-tpot-ms", type=float)
     p.add_argument("--slo-e2e-ms", type=float)
+    p.add_argument("--skippy-args", default="", help="extra `skippy serve` options for skippy and single-lane, "
+                   "quoted, with '=': --skippy-args='--no-prefix-cache'")
+    p.add_argument("--llama-server-args", default="", help="extra llama-server options, e.g. "
+                   "--llama-server-args='--cache-ram 0'")
     p.add_argument("--open-slots", type=int, help="llama-server -np under Poisson load")
     p.add_argument("--request-timeout", type=float)
     p.add_argument("--startup-timeout", type=float)
@@ -131,7 +136,8 @@ def sweep_options(args: argparse.Namespace):
     lengths = Lengths(v["short_in"], v["long_in"], v["short_out"], v["long_out"], v["shared_fraction"])
     return SweepOptions(
         out=args.out_dir / v["name"],
-        server=ServerConfig(ModelSpec.resolve(v["model"], v["family"]), v["threads"], v["n_ctx"], v["n_batch"]),
+        server=ServerConfig(ModelSpec.resolve(v["model"], v["family"]), v["threads"], v["n_ctx"], v["n_batch"],
+                            tuple(shlex.split(args.skippy_args)), tuple(shlex.split(args.llama_server_args))),
         run=RunConfig(v["requests_per_worker"], v["min_requests"], v["poisson_requests"], v["warmup"],
                       args.temperature, args.seed),
         engines=tuple(v["engines"]),

@@ -28,6 +28,8 @@ class ServerConfig:
     threads: int = 2
     n_ctx: int = 4096
     n_batch: int = 512
+    skippy_extra: tuple[str, ...] = ()  # appended to both skippy command lines (e.g. --no-prefix-cache)
+    llama_server_extra: tuple[str, ...] = ()  # appended to llama-server's (e.g. --cache-ram 0)
 
 
 def tools_dir(build: bool = True, progress: bool = False) -> Path:
@@ -47,9 +49,9 @@ def server_argv(engine: str, cfg: ServerConfig, port: int | str, slots: int | st
         argv = [sys.executable, "-m", "skippy", "serve", *cfg.model.skippy_args(), "--host", "127.0.0.1",
                 "--port", str(port), "--threads", str(cfg.threads), "--n-ctx", str(cfg.n_ctx),
                 "--n-batch", str(cfg.n_batch), "--shutdown-deadline", "2"]
-        return argv + (["--n-seq-max", "1"] if engine == OLD else [])
+        return argv + list(cfg.skippy_extra) + (["--n-seq-max", "1"] if engine == OLD else [])
     if engine == PEER:
         return [str(tools / "llama-server"), "-m", str(cfg.model.path), "--host", "127.0.0.1", "--port", str(port),
                 "-c", str(cfg.n_ctx), "-np", str(slots), "-kvu", "-t", str(cfg.threads), "-tb", str(cfg.threads),
-                "-b", str(cfg.n_batch), "-ub", str(cfg.n_batch), "--no-webui"]
+                "-b", str(cfg.n_batch), "-ub", str(cfg.n_batch), "--no-webui", *cfg.llama_server_extra]
     raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
