@@ -59,7 +59,10 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str,
                     break
                 now = time.perf_counter()
                 data = json.loads(event.data)
-                if isinstance(data, dict) and data.get("error"):
+                if not isinstance(data, dict):
+                    rec.error = f"unexpected event: {event.data[:100]}"
+                    return rec
+                if data.get("error"):
                     err = data["error"]
                     rec.error = f"stream error: {err.get('message', err) if isinstance(err, dict) else err}"
                     return rec

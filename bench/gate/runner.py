@@ -56,8 +56,10 @@ async def scrape(client: httpx.AsyncClient, url: str) -> Scrape | None:
 
 
 async def _sample(client: httpx.AsyncClient, url: str, interval: float, out: list[Scrape]) -> None:
-    while (s := await scrape(client, url)) is not None:
-        out.append(s)
+    """Until cancelled; a scrape that fails (a busy server) is skipped, not the end of sampling."""
+    while True:
+        if (s := await scrape(client, url)) is not None:
+            out.append(s)
         await trio.sleep(interval)
 
 
@@ -105,7 +107,8 @@ async def run_one(server: Server, client: httpx.AsyncClient, engine: str, worklo
     samples: list[Scrape] = []
     origin[0] = time.perf_counter()
     async with trio.open_nursery() as nursery:
-        nursery.start_soon(_sample, client, server.url, cfg.metrics_interval, samples)
+        if before is not None:  # the server has skippy's metrics
+            nursery.start_soon(_sample, client, server.url, cfg.metrics_interval, samples)
         send = sender(prompts, False, origin)
         if load.kind == "closed":
             records = await closed_loop(load.n or 1, count, send)

@@ -69,6 +69,7 @@ async def test_without_usage_text_chunks_are_counted():
     (httpx.Response(200, headers=SSE, content=sse(chunk("a"), "[DONE]")), "1 tokens instead of 3"),
     (httpx.Response(200, headers=SSE, content=sse(chunk(""), "[DONE]")), "no token arrived"),
     (httpx.Response(200, headers=SSE, content=sse("{not json")), "JSONDecodeError"),
+    (httpx.Response(200, headers=SSE, content=sse("[1, 2]")), "unexpected event"),
     (httpx.Response(200, headers={"content-type": "application/json"}, json={"x": 1}), "SSEError"),
 ])
 async def test_failures_are_recorded_not_raised(response, error):
