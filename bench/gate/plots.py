@@ -54,6 +54,9 @@ def plot_workload(path: Path, workload: str, kind: str, runs: Sequence[RunResult
         ax.set_xlabel("concurrency N (closed loop)" if kind == "closed" else "arrival rate (req/s, Poisson)")
         if kind == "closed":
             ax.set_xscale("log", base=2)
+            xs = sorted({x for points in series.values() for x, _ in points})
+            ax.set_xticks(xs, [f"{x:g}" for x in xs])  # 1 2 4 8, not 2^0 2^1 ...
+            ax.minorticks_off()
         ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
     axes.flat[0].legend(fontsize=8)
