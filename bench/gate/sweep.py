@@ -18,7 +18,6 @@ from typing import Any
 
 import attrs
 import httpx
-import trio
 from tqdm import tqdm
 
 from .batched import run_batched_bench
