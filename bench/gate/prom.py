@@ -17,6 +17,7 @@ RUNNING = "skippy_requests_running"
 PREFIX_QUERIES = "skippy_prefix_cache_queries_tokens_total"
 PREFIX_HITS = "skippy_prefix_cache_hits_tokens_total"
 PREEMPTIONS = "skippy_preemptions_total"
+PREFIX_RESIDENT = "skippy_prefix_cache_resident_tokens"  # tokens the prefix cache keeps resident
 
 
 @attrs.frozen
@@ -28,6 +29,7 @@ class Scrape:
     prefix_queries: float | None
     prefix_hits: float | None
     preemptions: float | None
+    prefix_resident: float | None = None
 
 
 def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -51,7 +53,8 @@ def parse_scrape(text: str) -> Scrape:
     found = samples(text)
     kv = {labels.get("component", ""): v for labels, v in found.get(KV_USED, [])}
     return Scrape(kv_used=kv, running=_scalar(found, RUNNING), prefix_queries=_scalar(found, PREFIX_QUERIES),
-                  prefix_hits=_scalar(found, PREFIX_HITS), preemptions=_scalar(found, PREEMPTIONS))
+                  prefix_hits=_scalar(found, PREFIX_HITS), preemptions=_scalar(found, PREEMPTIONS),
+                  prefix_resident=_scalar(found, PREFIX_RESIDENT))
 
 
 def scrape_json(s: Scrape) -> dict[str, Any]:

@@ -79,6 +79,7 @@ def server_readings(before: Scrape | None, after: Scrape | None, samples: list[S
         "prefix_queries_tokens": delta("prefix_queries"),
         "prefix_hits_tokens": delta("prefix_hits"),
         "preemptions": delta("preemptions"),
+        "prefix_resident_tokens_end": after.prefix_resident,  # in the used cells too (maybe shared with sessions)
         "kv_cells_per_session": {
             c: cells_per_session((s.kv_used.get(c, 0.0), s.running or 0.0) for s in samples) for c in components
         },
