@@ -26,7 +26,7 @@ from skippy.errors import InvalidInputError, OverloadedError
 from skippy.kv import ComponentKind
 
 from . import invariants as inv
-from . import report
+from . import report, tally
 from .cli import RunConfig, as_dict, config_from, parser, vocab_range
 from .outcomes import (
     CLIENT_CANCELLED,
@@ -187,13 +187,8 @@ async def _drain(engine: skippy.Engine, base: skippy.EngineStats, timeout: float
 def _parity(ref: SoloReference, outcomes: Sequence[Outcome], jobs: Sequence[Job], k: int,
             rng: np.random.Generator) -> list[inv.ParitySample]:
     by_id = {j.id: j for j in jobs}
-    pool = [o for o in outcomes if o.status == COMPLETED and o.greedy]
-    picked = [pool[i] for i in sorted(rng.choice(len(pool), size=min(k, len(pool)), replace=False))] if pool else []
-    out = []
-    for o in picked:
-        job = by_id[o.job_id]
-        out.append(inv.ParitySample(o.job_id, tuple(o.tokens), tuple(ref.tokens(job.prompt, job.max_tokens))))
-    return out
+    return [inv.ParitySample(o.job_id, tuple(o.tokens), tuple(ref.tokens(by_id[o.job_id].prompt, o.max_tokens)))
+            for o in tally.greedy_sample(outcomes, k, rng)]
 
 
 def _delta(now: dict, base: dict) -> dict[str, int]:
@@ -252,25 +247,25 @@ async def run(cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
                     inv.memory_idle(snap),
                     inv.solo_parity(samples),
                 ]
-                checks += [inv.Check(f"round {r + 1}: {c.name}", c.ok, c.detail) for c in round_checks]
+                checks += tally.per_round(r + 1, round_checks)
                 round_rows.append({
                     "round": r + 1, "seconds": seconds, "rss_mib": rss[-1],
-                    "outcomes": dict(sorted(_count(rnd.outcomes).items())),
+                    "outcomes": tally.statuses(rnd.outcomes),
                     "demand_cells": demand(jobs), "pool_cells": pool,
                     "steps": s.steps - base.steps, "preemptions": s.preemptions - base.preemptions,
                     "kv_peak": dict((k.name.lower(), v) for k, v in s.kv_used_peak.items()),
                     "max_running": s.max_running, "output_tokens": s.output_tokens - base.output_tokens,
                     "prefix_hits": s.prefix_hits - base.prefix_hits, "finished": finished,
-                    "ttft_by_priority_s": _ttft_by_priority(rnd.outcomes),
+                    "ttft_by_priority_s": tally.ttft_by_priority(rnd.outcomes),
                     "memory": attrs.asdict(snap),
-                    "failures": [o.summary() for o in rnd.outcomes if not _fine(o, jobs)],
+                    "failures": [o.summary() for o in tally.not_fine(rnd.outcomes, jobs)],
                 })
                 if not cfg.quiet:
-                    print(f"round {r + 1}: {seconds:.1f}s {dict(sorted(_count(rnd.outcomes).items()))} "
+                    print(f"round {r + 1}: {seconds:.1f}s {tally.statuses(rnd.outcomes)} "
                           f"rss={rss[-1]:.1f}MiB", file=sys.stderr, flush=True)
             final = engine.stats()
             lanes, ceiling = engine.lanes, engine.lanes.ceiling
-    final_checks = _summarise_rounds(checks) + [
+    final_checks = tally.roll_up(checks) + [
         inv.rss_stable(rss, cfg.rss_tolerance_mib, cfg.rss_tolerance_pct),
         inv.solo_parity(all_samples),
     ]
@@ -292,61 +287,11 @@ async def run(cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
     return result
 
 
-def _summarise_rounds(checks: Sequence[inv.Check]) -> list[inv.Check]:
-    """One line per invariant over all rounds (the per-round lines follow in the report)."""
-    names: dict[str, list[inv.Check]] = {}
-    for c in checks:
-        names.setdefault(c.name.split(": ", 1)[1], []).append(c)
-    out = []
-    for name, cs in names.items():
-        failed = [c for c in cs if not c.ok]
-        detail = f"{len(cs) - len(failed)}/{len(cs)} rounds"
-        if failed:
-            detail += "; " + " | ".join(c.name.split(":")[0] + ": " + c.detail for c in failed[:3])
-        out.append(inv.Check(f"all rounds: {name}", not failed, detail))
-    return out
-
-
-def _count(outcomes: Sequence[Outcome]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for o in outcomes:
-        counts[o.status] = counts.get(o.status, 0) + 1
-    return counts
-
-
-def _fine(o: Outcome, jobs: Sequence[Job]) -> bool:
-    from .outcomes import ALLOWED
-
-    kind = next((j.kind for j in jobs if j.id == o.job_id), "")
-    return o.status in ALLOWED.get(kind, ()) and o.finish_reason != "error"
-
-
-def _ttft_by_priority(outcomes: Sequence[Outcome]) -> dict[int, float]:
-    by: dict[int, list[float]] = {}
-    for o in outcomes:
-        if o.status == COMPLETED and o.ttft_s is not None:
-            by.setdefault(o.priority, []).append(o.ttft_s)
-    return {p: round(float(np.mean(v)), 4) for p, v in sorted(by.items())}
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = parser("stress.engine_run", __doc__.splitlines()[0]).parse_args(argv)
     cfg = config_from(args, argv, "stress.engine_run")
     result = trio.run(run, cfg)
-    report.print_checks([inv.Check(c["name"], c["ok"], c["detail"]) for c in result["invariants"]
-                         if c["name"].startswith("all rounds") or not c["ok"] or not c["name"].startswith("round")])
-    print(_json_line(result), flush=True)
-    return 0 if result["ok"] else 1
-
-
-def _json_line(result: dict[str, Any]) -> str:
-    import json
-
-    short = {k: result[k] for k in ("name", "ok", "totals")}
-    short["failed"] = [c["name"] for c in result["invariants"] if not c["ok"]]
-    if "written_to" in result:
-        short["written_to"] = result["written_to"]
-    return json.dumps(short, default=str)
+    return report.finish(result)
 
 
 if __name__ == "__main__":

@@ -62,3 +62,17 @@ def write(result: dict[str, Any], out: str | Path) -> Path:
     (d / "results.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     (d / "summary.md").write_text(markdown(result))
     return d
+
+
+def finish(result: dict[str, Any]) -> int:
+    """Print the invariants (the roll-up, and every failing line) to stderr and one JSON line to
+    stdout; the exit status: 0 when every invariant held."""
+    shown = [Check(c["name"], c["ok"], c["detail"]) for c in result["invariants"]
+             if not c["ok"] or not c["name"].startswith("round ")]
+    print_checks(shown)
+    short = {k: result[k] for k in ("name", "ok", "totals")}
+    short["failed"] = [c["name"] for c in result["invariants"] if not c["ok"]]
+    if "written_to" in result:
+        short["written_to"] = result["written_to"]
+    print(json.dumps(short, default=str), flush=True)
+    return 0 if result["ok"] else 1

@@ -45,7 +45,7 @@ class Shape:
     stream_fraction: float = 0.5  # server only: SSE for "complete" jobs
     arrival_spread: float = 0.5  # seconds over which the non-burst jobs arrive
     burst_fraction: float = 0.4  # arrive at t=0
-    timeout_range: tuple[float, float] = (0.02, 1.0)  # client deadlines, seconds
+    timeout_range: tuple[float, float] = (0.01, 0.5)  # client deadlines, seconds
     mix: tuple[tuple[str, float], ...] = tuple(DEFAULT_MIX.items())
     malformed: tuple[str, ...] = ENGINE_MALFORMED
 
