@@ -14,7 +14,7 @@ from __future__ import annotations
 import gc
 import sys
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 import numpy as np
@@ -195,8 +195,12 @@ def _delta(now: dict, base: dict) -> dict[str, int]:
     return {k: now.get(k, 0) - base.get(k, 0) for k in now}
 
 
-async def run(cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]:
-    """One stress run; returns the summary (also written under stress/results/ when cfg.out)."""
+async def run(cfg: RunConfig, *, progress: bool | None = None,
+              on_engine: Callable[[skippy.Engine], None] | None = None) -> dict[str, Any]:
+    """One stress run; returns the summary (also written under stress/results/ when cfg.out).
+
+    `on_engine` sees the engine once it is open: tests inject faults through it (e.g. wrap
+    `engine.runtime.decode`) to prove the checks catch what they claim to."""
     from skippy.native import ensure_built
 
     ensure_built(progress=False)
@@ -216,6 +220,8 @@ async def run(cfg: RunConfig, *, progress: bool | None = None) -> dict[str, Any]
         async with skippy.open_engine(path, n_ctx=n_ctx, n_batch=cfg.n_batch, n_seq_max=cfg.n_seq_max,
                                       threads=cfg.threads, max_waiting=max(256, cfg.sessions), **extra) as engine:
             pool = engine.runtime.n_ctx
+            if on_engine is not None:
+                on_engine(engine)
             for r, jobs in enumerate(rounds):
                 base = engine.stats()
                 show = (not cfg.quiet) if progress is None else progress

@@ -34,9 +34,9 @@ def summary(name: str, command: str, config: dict[str, Any], checks: Sequence[Ch
     }
 
 
-def print_checks(checks: Sequence[Check], file: TextIO = sys.stderr) -> None:
+def print_checks(checks: Sequence[Check], file: TextIO | None = None) -> None:
     for c in checks:
-        print(c.line(), file=file, flush=True)
+        print(c.line(), file=file or sys.stderr, flush=True)
 
 
 def markdown(result: dict[str, Any]) -> str:

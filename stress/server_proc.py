@@ -141,8 +141,29 @@ def finished_by_reason(m: dict[str, float]) -> dict[str, int]:
     return out
 
 
+_EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception|Disconnect|Exit|Interrupt|Cancelled)\b.*$")
+
+
 def log_findings(text: str) -> list[str]:
-    """Lines of the server's log that show a failure: loguru ERROR/CRITICAL lines, tracebacks, and
-    the runtime owner's "step failed" warnings (a decode or sampling exception)."""
-    return [line for line in text.splitlines()
-            if "| ERROR" in line or "| CRITICAL" in line or line.startswith("Traceback") or "step failed" in line]
+    """What the server's log shows failing: each loguru ERROR/CRITICAL line with the exception its
+    traceback ends in ("message -> module.ExceptionType: detail"), a traceback printed outside
+    loguru, and the runtime owner's "step failed" warnings (a decode or sampling exception)."""
+    lines = text.splitlines()
+    out = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if "| ERROR" in line or "| CRITICAL" in line:
+            message = line.split(" - ", 1)[-1]
+            exc, j = "", i + 1
+            while j < len(lines) and "| " not in lines[j][:40]:
+                if _EXCEPTION_LINE.match(lines[j]):
+                    exc = lines[j]
+                j += 1
+            out.append(f"{message} -> {exc}" if exc else message)
+            i = j
+            continue
+        if line.startswith("Traceback") or "step failed" in line:
+            out.append(line.strip())
+        i += 1
+    return out

@@ -325,7 +325,7 @@ async def run(cfg: RunConfig, *, progress: bool | None = None, log_dir: Path | N
         inv.rss_stable(rss, cfg.rss_tolerance_mib, cfg.rss_tolerance_pct),
         inv.solo_parity(all_samples),
         inv.Check("server logged no error", not findings,
-                  f"{len(findings)} lines" + (f": {findings[:3]}" if findings else "")),
+                  f"{len(findings)} findings" + (f": {sorted(set(findings))[:5]}" if findings else "")),
         inv.Check("server stopped cleanly on SIGINT", rc == 0, f"exit status {rc}"),
     ]
     totals = {
@@ -337,6 +337,7 @@ async def run(cfg: RunConfig, *, progress: bool | None = None, log_dir: Path | N
         "prefix_hits_tokens": int(m_end.get("skippy_prefix_cache_hits_tokens_total", 0)),
         "finished": finished_by_reason(m_end), "rss_mib": [round(x, 1) for x in rss],
         "parity_compared": len(all_samples), "server_exit": rc, "server_argv": " ".join(argv[1:]),
+        "server_log_findings": findings, "server_log": str(log),
     }
     result = report.summary("server", cfg.command or "stress.server_run", {**as_dict(cfg), "model_path": str(path)},
                             final_checks + checks, rows, totals)
