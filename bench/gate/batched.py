@@ -38,22 +38,35 @@ def parse_jsonl(text: str) -> list[dict[str, Any]]:
     return rows
 
 
+async def _run_once(argv: list[str], timeout: float) -> tuple[int, str]:
+    with trio.fail_after(timeout):
+        done = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False,
+                                      stdin=subprocess.DEVNULL)
+    return done.returncode, done.stdout.decode(errors="replace") + "\n--- stderr ---\n" + done.stderr.decode(errors="replace")
+
+
 async def run_batched_bench(tool: Path, cfg: ServerConfig, pp: int, tg: int, batches: Sequence[int],
-                            log: Path, timeout: float) -> dict[str, Any]:
-    """Rows per batch size, or the error; never raises for a failed tool run."""
-    argv = batched_argv(tool, cfg, pp, tg, batches)
-    entry: dict[str, Any] = {"pp": pp, "tg": tg, "argv": argv, "rows": []}
-    try:
-        with trio.fail_after(timeout):
-            done = await trio.run_process(argv, capture_stdout=True, capture_stderr=True, check=False,
-                                          stdin=subprocess.DEVNULL)
-    except (trio.TooSlowError, OSError) as exc:
-        entry["error"] = f"{type(exc).__name__}: {exc}"
-        return entry
-    out, err = done.stdout.decode(errors="replace"), done.stderr.decode(errors="replace")
+                            log: Path, timeout: float, attempts: int = 3) -> dict[str, Any]:
+    """Rows per batch size, or the error; never raises for a failed tool run. The tool logs
+    through llama.cpp's asynchronous logger, which now and then loses a result line at exit,
+    so batch sizes without a row are run again (up to `attempts` times in all)."""
+    entry: dict[str, Any] = {"pp": pp, "tg": tg, "argv": batched_argv(tool, cfg, pp, tg, batches), "rows": []}
+    rows: dict[int, dict[str, Any]] = {}
+    outputs, missing, code = [], list(batches), 0
+    for _ in range(attempts):
+        try:
+            code, text = await _run_once(batched_argv(tool, cfg, pp, tg, missing), timeout)
+        except (trio.TooSlowError, OSError) as exc:
+            entry["error"] = f"{type(exc).__name__}: {exc}"
+            break
+        outputs.append(text)
+        rows.update({int(r["pl"]): r for r in parse_jsonl(text) if int(r["pl"]) in missing})
+        missing = [b for b in batches if b not in rows]
+        if not missing or code != 0:
+            break
     log.parent.mkdir(parents=True, exist_ok=True)
-    log.write_text(out + "\n--- stderr ---\n" + err)
-    entry["rows"] = parse_jsonl(out + "\n" + err)
-    if done.returncode != 0 or not entry["rows"]:
-        entry["error"] = f"exit {done.returncode}; see {log.name}"
+    log.write_text("\n=== next attempt ===\n".join(outputs))
+    entry["rows"] = [rows[b] for b in sorted(rows)]
+    if missing and "error" not in entry:
+        entry["error"] = f"exit {code}; no result for B={','.join(map(str, missing))}; see {log.name}"
     return entry
