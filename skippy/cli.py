@@ -80,14 +80,25 @@ def _generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prefix_config(args: argparse.Namespace) -> dict:
+    return {"prefix_cache": args.prefix_cache, "prefix_slots": args.prefix_slots}
+
+
+def _add_prefix_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
+                        help="share prompt prefixes between requests (default: on)")
+    parser.add_argument("--prefix-slots", type=int, default=8, help="resident prefixes kept (reserved sequence ids)")
+
+
 def _demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
     model = _resolve_checked(args)
-    config = {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "threads": args.threads}
+    config = {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "threads": args.threads, **_prefix_config(args)}
     if args.n_seq_max:
         config["n_seq_max"] = args.n_seq_max
-    result = demo_main(model, args.sessions, args.max_tokens, progress=not args.quiet, **config)
+    result = demo_main(model, args.sessions, args.max_tokens, progress=not args.quiet,
+                       shared_prefix_tokens=args.shared_prefix_tokens, **config)
     return 0 if result["failed"] == 0 else 1
 
 
@@ -98,7 +109,8 @@ def _serve(args: argparse.Namespace) -> int:
     from .server import create_app, default_model_names, serve_app, wait_for_signal
 
     model = _resolve_checked(args)
-    config = {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "threads": args.threads, "max_waiting": args.max_waiting}
+    config = {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "threads": args.threads, "max_waiting": args.max_waiting,
+              **_prefix_config(args)}
     if args.n_seq_max:
         config["n_seq_max"] = args.n_seq_max
     from .models._store import DEFAULT_MODEL, REAL_MODELS
@@ -164,6 +176,9 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--n-batch", type=int, default=512)
     demo.add_argument("--n-seq-max", type=int, default=None, help="ceiling on running sequences (default: derived)")
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
+    demo.add_argument("--shared-prefix-tokens", type=int, default=0,
+                      help="every session's prompt starts with the same K tokens (a system prompt)")
+    _add_prefix_options(demo)
     demo.set_defaults(func=_demo)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)")
@@ -178,6 +193,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--n-batch", type=int, default=512)
     serve.add_argument("--n-seq-max", type=int, default=None, help="ceiling on running sequences (default: derived)")
     serve.add_argument("--max-waiting", type=int, default=256, help="waiting-queue bound; past it: HTTP 429")
+    _add_prefix_options(serve)
     serve.add_argument("--shutdown-deadline", type=float, default=30.0,
                        help="seconds in-flight requests may take to finish after SIGINT/SIGTERM")
     serve.set_defaults(func=_serve)

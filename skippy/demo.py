@@ -12,6 +12,8 @@ from typing import Any
 
 import trio
 
+from .kv import ComponentKind
+
 TOPICS = [
     "a lighthouse keeper who finds a message in a bottle", "the first city on Mars", "a cat who learns to code",
     "an old clockmaker and a broken watch", "a storm at sea", "the last library on earth", "a dragon afraid of fire",
@@ -22,6 +24,22 @@ TOPICS = [
 ]
 
 
+SYSTEM = ("You are a storyteller for a small radio station. Every story you tell is gentle, vivid and short, "
+          "with a clear beginning, middle and end, and it never repeats a story told before. ")
+
+
+def shared_prefix(runtime, n_tokens: int):
+    """Exactly n_tokens of a system prompt (repeated as needed), starting with the model's BOS."""
+    import numpy as np
+
+    text = SYSTEM
+    while True:
+        tokens = runtime.tokenize(text)
+        if tokens.size >= n_tokens:
+            return np.asarray(tokens[:n_tokens], dtype=np.int32)
+        text += SYSTEM
+
+
 def prompt_for(i: int) -> str:
     topic = TOPICS[i % len(TOPICS)]
     lead = " It was a quiet morning." * (i // len(TOPICS))
@@ -29,7 +47,8 @@ def prompt_for(i: int) -> str:
 
 
 async def run_demo(
-    model: Any = None, *, sessions: int, max_tokens: int, stagger_steps: int = 1, progress: bool = True, **config: Any
+    model: Any = None, *, sessions: int, max_tokens: int, stagger_steps: int = 1, progress: bool = True,
+    shared_prefix_tokens: int = 0, **config: Any
 ) -> dict[str, Any]:
     from tqdm import tqdm
 
@@ -38,6 +57,14 @@ async def run_demo(
     outcome = {"completed": 0, "failed": 0}
     bar = tqdm(total=sessions * max_tokens, unit="tok", disable=not progress, file=sys.stderr, dynamic_ncols=True)
     async with open_engine(model, **config) as engine:
+        system = shared_prefix(engine.runtime, shared_prefix_tokens) if shared_prefix_tokens else None
+
+        def prompt(i: int):
+            if system is None:
+                return prompt_for(i)
+            import numpy as np
+
+            return np.concatenate([system, engine.runtime.tokenize(" " + prompt_for(i), add_special=False)])
 
         async def session(i: int) -> None:
             # staggered in steps, not seconds: session i arrives once the engine has run i steps,
@@ -45,7 +72,7 @@ async def run_demo(
             while engine.stats().steps < i * stagger_steps:
                 await trio.sleep(0.002)
             try:
-                async for event in engine.generate(prompt_for(i), max_tokens=max_tokens):
+                async for event in engine.generate(prompt(i), max_tokens=max_tokens):
                     if event.token is not None:
                         bar.update(1)
                     if event.final:
@@ -92,10 +119,15 @@ async def run_demo(
         "preemptions": stats.preemptions,
         "out_tok_per_s": round(stats.output_tokens / elapsed, 1) if elapsed else 0.0,
         "python_overhead_pct": round(stats.python_overhead_pct, 2),
+        "prefix_hit_tokens": stats.prefix_hits,
+        "prefill_tokens": stats.prefill_tokens,
+        "kv_cells_peak": stats.kv_used_peak.get(ComponentKind.ATTN, 0),
     }
 
 
-def main(model: Any, sessions: int, max_tokens: int, progress: bool = True, **config: Any) -> dict[str, Any]:
-    result = trio.run(lambda: run_demo(model, sessions=sessions, max_tokens=max_tokens, progress=progress, **config))
+def main(model: Any, sessions: int, max_tokens: int, progress: bool = True, shared_prefix_tokens: int = 0,
+         **config: Any) -> dict[str, Any]:
+    result = trio.run(lambda: run_demo(model, sessions=sessions, max_tokens=max_tokens, progress=progress,
+                                       shared_prefix_tokens=shared_prefix_tokens, **config))
     print(json.dumps(result), flush=True)
     return result

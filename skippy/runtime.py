@@ -62,7 +62,7 @@ class Runtime(Protocol):
     def abort(self) -> None:
         """Make a running decode return early. Thread-safe."""
 
-    def tokenize(self, text: str) -> np.ndarray: ...
+    def tokenize(self, text: str, add_special: bool = True) -> np.ndarray: ...
 
     def piece(self, token: int) -> bytes: ...
 
@@ -85,7 +85,7 @@ class ContextRuntime:
         self._batch = Batch(self.n_batch)
         self._tok = model.tokenizer
         self.kv_class = kv_class(model.arch)
-        self.share_exact = self.kv_class.recurrent
+        self.share_exact = self.kv_class.recurrent or self.kv_class is KvClass.ISWA
         settings = {k: v for k, v in attrs.asdict(options).items() if k not in _NOT_IN_IDENTITY}
         self.prefix_identity = identity_seed(file_digest(model.path), model.arch, settings)
         self._n_swa = model.n_swa if self.kv_class is KvClass.ISWA else 0
@@ -103,11 +103,14 @@ class ContextRuntime:
         """seq_cp of [0, length) when the cells it needs are really there.
 
         - dense / MLA: every position of src is a cell; any prefix shares.
-        - ISWA: the full-attention cells always share; the sliding-window cache drops a
-          sequence's cells that fell out of its window (lazily, when space is needed), so
-          the cells the next token attends to, [length - n_swa + 1, length), must still be
-          held by src. If not, nothing is shared and the prompt is recomputed: sharing the
-          full-attention part alone would leave the window layers without their past.
+        - ISWA: full-attention cells share like dense ones; in the sliding-window cache
+          patch 0003 shares only the window behind `length` (shared cells cannot be
+          recycled, and that cache holds about a window per sequence). So a holder can
+          serve only its own length (exact mode, like a recurrent state), and only while
+          its window cells [length - n_swa + 1, length) are still held: the window cache
+          recycles a sequence's older cells lazily. Otherwise nothing is shared and the
+          prompt is recomputed (sharing only the full-attention part would leave the
+          window layers without their past).
         - recurrent / hybrid: llama.cpp copies the whole state (p0/p1 are ignored for it),
           which is the state after src's last token: only a share of all of src is exact.
         """
@@ -129,8 +132,8 @@ class ContextRuntime:
 
     # The vocabulary is immutable after load and llama.cpp's vocab calls are read-only,
     # so tokenizing a prompt does not need to wait for the step in flight.
-    def tokenize(self, text: str) -> np.ndarray:
-        return self._tok.tokenize(text)
+    def tokenize(self, text: str, add_special: bool = True) -> np.ndarray:
+        return self._tok.tokenize(text, add_special=add_special)
 
     def piece(self, token: int) -> bytes:
         return self._tok.piece(token)

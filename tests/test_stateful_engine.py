@@ -74,6 +74,7 @@ class EngineMachine(RuleBasedStateMachine):
     async def _main(self) -> None:
         self.token = trio.lowlevel.current_trio_token()
         self.stop = trio.Event()
+        self.crash: BaseException | None = None
         try:
             async with trio.open_nursery() as nursery:
                 async with skippy.open_engine(self.rt, max_waiting=6, decode_reserve=3, prefix_slots=SLOTS,
@@ -82,6 +83,9 @@ class EngineMachine(RuleBasedStateMachine):
                     self.engine, self.nursery = engine, nursery
                     self._ready.set()
                     await self.stop.wait()
+        except BaseException as exc:  # an actor crashed: say what, not only "run() has exited"
+            self.crash = exc
+            raise
         finally:
             self._finished.set()
 
@@ -122,10 +126,16 @@ class EngineMachine(RuleBasedStateMachine):
         s.done = True
 
     def _run(self, fn, *args):
-        return trio.from_thread.run(fn, *args, trio_token=self.token)
+        try:
+            return trio.from_thread.run(fn, *args, trio_token=self.token)
+        except trio.RunFinishedError:
+            raise AssertionError("the engine's trio loop died") from self.crash
 
     def _run_sync(self, fn, *args):
-        return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
+        try:
+            return trio.from_thread.run_sync(fn, *args, trio_token=self.token)
+        except trio.RunFinishedError:
+            raise AssertionError("the engine's trio loop died") from self.crash
 
     # -- rules ---------------------------------------------------------------------------
 
@@ -176,7 +186,8 @@ class EngineMachine(RuleBasedStateMachine):
     @rule(cells=st.integers(1, 80))
     def shrink_free_memory(self, cells):
         def shrink():
-            self.rt.hidden += min(cells, self.rt.ledger().get(ComponentKind.ATTN).free)
+            with self.rt.lock:  # not in the middle of a decode that already counted on those cells
+                self.rt.hidden += min(cells, self.rt.ledger().get(ComponentKind.ATTN).free)
 
         self._run_sync(shrink)
 

@@ -223,6 +223,8 @@ class ComposerActor:
                 seq = self._source_seq(r.share) if r.share is not None else None
                 if seq == -1:
                     r.share = None
+                elif r.share is not None and seq is None and self.prefix.exact:
+                    r.share.source.pauses.add(r.share.length)  # a live source must stop where it is shared
             if seq is None or seq == -1:
                 continue
             length = r.share.length

@@ -14,11 +14,11 @@ until the source has computed the shared part: in-batch dedup). Sharing itself i
 the runtime, next to llama.cpp).
 
 Modes:
-- positional (dense, MLA, ISWA): cells are per position, so any prefix length of a
-  holder can be shared.
-- exact (recurrent and hybrid families): a recurrent state exists only as a whole,
-  after its last token, so a holder serves exactly its own length, to prompts that
-  extend it. Entries are such snapshots. A running request serves a length L only if
+- positional (dense, MLA): cells are per position, so any prefix length of a holder
+  can be shared.
+- exact (recurrent and hybrid families; ISWA, whose window cache keeps only the
+  window behind a holder's end): a recurrent state exists only as a whole, after its
+  last token, so a holder serves exactly its own length, to prompts that extend it. Entries are such snapshots. A running request serves a length L only if
   its prefill has not passed L: it is then told to pause there (`Request.pauses`: its
   chunk ends at L), its state at L is recorded as an entry, and waiting requests copy
   it. When two prompts share a prefix but no holder can serve it, the newcomer pauses

@@ -53,14 +53,15 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily("skippy_engine_steps", "Engine steps (one mixed ubatch each)", value=s.steps)
         yield CounterMetricFamily("skippy_prompt_tokens", "Prompt tokens prefilled", value=s.prefill_tokens)
         yield CounterMetricFamily("skippy_generation_tokens", "Tokens generated", value=s.output_tokens)
-        # Prefix caching is not implemented yet (its own issue: "prefix caching"); these stay 0
-        # until it lands rather than report made-up numbers.
-        yield CounterMetricFamily("skippy_prefix_cache_queries",
-                                  "Prompt tokens looked up in the prefix cache (0: prefix caching not implemented yet)",
-                                  unit="tokens", value=0)
+        yield CounterMetricFamily("skippy_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
+                                  unit="tokens", value=s.prefix_queries)
         yield CounterMetricFamily("skippy_prefix_cache_hits",
-                                  "Prompt tokens served from the prefix cache (0: prefix caching not implemented yet)",
-                                  unit="tokens", value=0)
+                                  "Prompt tokens shared from the prefix cache or a running sequence (not computed)",
+                                  unit="tokens", value=s.prefix_hits)
+        yield CounterMetricFamily("skippy_prefix_cache_evictions", "Resident prefixes evicted", value=s.prefix_evictions)
+        yield GaugeMetricFamily("skippy_prefix_cache_entries", "Resident prefixes held", value=s.prefix_entries)
+        yield GaugeMetricFamily("skippy_prefix_cache_resident_tokens", "Tokens held by resident prefixes",
+                                value=s.prefix_resident_tokens)
 
 
 class ServerMetrics:

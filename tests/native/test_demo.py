@@ -22,7 +22,22 @@ def test_demo_on_a_synthetic_family_ends_with_one_json_line(native_build):
     assert len(lines) == 1
     result = json.loads(lines[0])
     assert set(result) == {"completed", "failed", "max_running", "steps", "mixed_steps", "preemptions",
-                           "out_tok_per_s", "python_overhead_pct"}
+                           "out_tok_per_s", "python_overhead_pct", "prefix_hit_tokens", "prefill_tokens",
+                           "kv_cells_peak"}
     assert result["completed"] == 6 and result["failed"] == 0
     assert result["max_running"] == 4 and result["mixed_steps"] > 0
     assert 0 <= result["python_overhead_pct"] <= 100
+
+
+def test_demo_with_a_shared_system_prompt_computes_it_once(native_build):
+    """The prefix issue's done-when, on a tiny model: 16 sessions over a 512-token system prompt."""
+    run = subprocess.run(
+        [sys.executable, "-m", "skippy", "demo", "--family", "llama", "--sessions", "16", "--max-tokens", "16",
+         "--threads", "1", "--n-ctx", "4096", "--shared-prefix-tokens", "512", "--quiet"],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout.strip().splitlines()[-1])
+    assert result["completed"] == 16 and result["prefix_hit_tokens"] >= 15 * 512
+    suffix = 24  # the longest of the demo's own prompts, in tokens, is under this
+    assert result["kv_cells_peak"] < 512 + 16 * (suffix + 16) * 1.5

@@ -102,3 +102,33 @@ async def test_preempted_requests_recompute_to_the_same_tokens(model):
     assert stats.preemptions > 0, "the pool was meant to be too small"
     for i, (got, want) in enumerate(zip(outputs, solo)):
         assert got == want, f"{name}: request {i} differs from its solo run after preemption"
+
+
+def _prefix_workload(name: str, model: Model, seeded: bool):
+    """Six prompts over one system prompt, then two that continue earlier ones (the next turn of a
+    chat: the only reuse a recurrent state allows, besides the system prompt's snapshot)."""
+    rng = np.random.default_rng(5)
+    low, high = (1000, 20000) if name in REAL else (260, model.n_vocab)
+    system = rng.integers(low, high, size=40).astype(np.int32)
+    prompts = [np.concatenate([system, rng.integers(low, high, size=n).astype(np.int32)]) for n in (4, 9, 6, 12, 5, 8)]
+    prompts += [np.concatenate([prompts[i], rng.integers(low, high, size=7).astype(np.int32)]) for i in (0, 1)]
+    params = [
+        SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=2000 + i) if seeded else SamplingParams()
+        for i in range(len(prompts))
+    ]
+    return prompts, params
+
+
+@pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
+async def test_prefix_hits_give_the_tokens_of_a_full_recompute(model, seeded):
+    """Shared cells (live, in-batch, resident, recurrent snapshots) change no token."""
+    name, m = model
+    threads = 2 if name in REAL else 1
+    max_tokens = 12 if name in REAL else 24
+    prompts, params = _prefix_workload(name, m, seeded)
+    solo = _solo(m, threads, prompts, params, max_tokens)
+    outputs, stats = await _through_engine(m, threads, prompts, params, max_tokens, n_ctx=2048, stagger=4,
+                                           prefix_block=8)
+    assert stats.prefix_hits >= 40, f"{name}: the workload was meant to hit the cache"
+    for i, (got, want) in enumerate(zip(outputs, solo)):
+        assert got == want, f"{name}: request {i} differs from its solo run"

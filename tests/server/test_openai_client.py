@@ -72,3 +72,27 @@ async def test_stop_strings_and_seed_reproducibility(smollm2):
                                                  top_p=0.95, seed=seed, extra_body={"ignore_eos": True}).choices[0].text
             a, b, c = [await in_thread(sampled, s) for s in (7, 7, 8)]
             assert a == b and a != c
+
+
+async def test_a_shared_system_prompt_is_reported_as_cached_tokens(smollm2):
+    """The second chat over the same system prompt computes only its own part: usage and /metrics say so."""
+    import httpx
+
+    from ._live import metric
+
+    system = {"role": "system", "content": "You are a patient tutor for a small school. " * 6}
+    with trio.fail_after(60):
+        async with live_server(smollm2) as (url, _, _):
+            client = openai_client(url)
+            usages = []
+            for question in ("What is a noun?", "Name a prime number."):
+                chat = await in_thread(client.chat.completions.create, model=MODEL, max_tokens=4, temperature=0,
+                                       messages=[system, {"role": "user", "content": question}])
+                usages.append(chat.usage)
+            async with httpx.AsyncClient(base_url=url) as http:
+                text = (await http.get("/metrics")).text
+    assert usages[0].prompt_tokens_details.cached_tokens == 0
+    cached = usages[1].prompt_tokens_details.cached_tokens
+    assert 50 < cached < usages[1].prompt_tokens  # the system prompt, not the question
+    assert metric(text, "skippy_prefix_cache_hits_tokens_total") == cached
+    assert metric(text, "skippy_prefix_cache_queries_tokens_total") == usages[0].prompt_tokens + usages[1].prompt_tokens
