@@ -24,6 +24,7 @@ class RunConfig:
     threads: int = 1
     n_batch: int = 256
     n_seq_max: int = 64
+    max_waiting: int | None = None  # waiting-queue bound (None: max(256, sessions), so nothing is refused)
     decode_reserve: int | None = None  # engine only: cells promised per running sequence (None: the default)
     demand_ratio: float = 4.0  # sum(prompt + max_tokens) per round / KV pool
     parity_sample: int = 8  # greedy completions compared with their solo run, per round
@@ -48,6 +49,10 @@ class RunConfig:
         return resolve_model(self.model, None if self.model else self.family)
 
     @property
+    def waiting_bound(self) -> int:
+        return self.max_waiting if self.max_waiting is not None else max(256, self.sessions)
+
+    @property
     def synthetic(self) -> bool:
         return self.model is None
 
@@ -69,6 +74,8 @@ def parser(prog: str, description: str) -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--n-batch", type=int, default=256)
     p.add_argument("--n-seq-max", type=int, default=64, help="ceiling on running sequences")
+    p.add_argument("--max-waiting", type=int, default=None,
+                   help="waiting-queue bound (default max(256, N)); smaller: some requests get OverloadedError / 429")
     p.add_argument("--decode-reserve", type=int, default=None,
                    help="engine only: cells promised per running sequence beyond its prompt (small: more preemption)")
     p.add_argument("--demand-ratio", type=float, default=4.0,
@@ -89,7 +96,8 @@ def config_from(args: argparse.Namespace, argv: Sequence[str] | None, prog: str)
     return RunConfig(
         sessions=args.sessions, rounds=args.rounds, seed=args.seed, model=args.model,
         family=None if args.model else (args.family or "llama"), out=args.out, threads=args.threads,
-        n_batch=args.n_batch, n_seq_max=args.n_seq_max, decode_reserve=args.decode_reserve, demand_ratio=args.demand_ratio,
+        n_batch=args.n_batch, n_seq_max=args.n_seq_max, decode_reserve=args.decode_reserve,
+        max_waiting=args.max_waiting, demand_ratio=args.demand_ratio,
         parity_sample=args.parity_sample, prompt=args.prompt, max_tokens=args.max_tokens,
         arrival_spread=args.arrival_spread, round_timeout=args.round_timeout,
         rss_tolerance_mib=args.rss_tolerance_mib, rss_tolerance_pct=args.rss_tolerance_pct, quiet=args.quiet,

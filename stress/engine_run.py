@@ -218,7 +218,7 @@ async def run(cfg: RunConfig, *, progress: bool | None = None,
         n_ctx = pool_cells(rounds, cfg.demand_ratio)
         extra = {} if cfg.decode_reserve is None else {"decode_reserve": cfg.decode_reserve}
         async with skippy.open_engine(path, n_ctx=n_ctx, n_batch=cfg.n_batch, n_seq_max=cfg.n_seq_max,
-                                      threads=cfg.threads, max_waiting=max(256, cfg.sessions), **extra) as engine:
+                                      threads=cfg.threads, max_waiting=cfg.waiting_bound, **extra) as engine:
             pool = engine.runtime.n_ctx
             if on_engine is not None:
                 on_engine(engine)

@@ -127,7 +127,8 @@ def parse_metrics(text: str) -> dict[str, float]:
 
 
 async def metrics(client: httpx.AsyncClient, url: str) -> dict[str, float]:
-    r = await client.get(f"{url}/metrics")
+    """/metrics over a new connection each time (see server_run on keep-alive across pauses)."""
+    r = await client.get(f"{url}/metrics", headers={"Connection": "close"})
     r.raise_for_status()
     return parse_metrics(r.text)
 

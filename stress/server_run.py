@@ -260,10 +260,14 @@ async def run(cfg: RunConfig, *, progress: bool | None = None, log_dir: Path | N
         prefixes = shared_prefixes(shape, cfg.seed)
         rounds = [make_round(shape, cfg.sessions, cfg.seed, r, prefixes) for r in range(cfg.rounds)]
         argv = serve_argv(cfg.model, cfg.family, n_ctx=pool_cells(rounds, cfg.demand_ratio), n_batch=cfg.n_batch,
-                          n_seq_max=cfg.n_seq_max, threads=cfg.threads, max_waiting=max(256, cfg.sessions))
+                          n_seq_max=cfg.n_seq_max, threads=cfg.threads, max_waiting=cfg.waiting_bound)
         limits = httpx.Limits(max_connections=cfg.sessions + 16, max_keepalive_connections=cfg.sessions + 16)
-        async with running_server(argv, log) as server, \
-                httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(cfg.round_timeout)) as client:
+        # The round's clients get fresh connections: a keep-alive connection idle across the pause
+        # between rounds may be closed by the server (hypercorn's keep-alive timeout, 5 s) just as it
+        # is reused, which HTTP/1.1 clients see as "disconnected without a response" for a POST they
+        # must not retry -- a property of HTTP keep-alive, not of the server. /metrics reads use a
+        # client of their own.
+        async with running_server(argv, log) as server, httpx.AsyncClient(timeout=30) as client:
             m0 = await metrics(client, server.url)
             pool = int(m0['skippy_kv_used_cells{component="attn"}'] + m0['skippy_kv_free_cells{component="attn"}'])
             for r, jobs in enumerate(rounds):
@@ -273,11 +277,12 @@ async def run(cfg: RunConfig, *, progress: bool | None = None, log_dir: Path | N
                            leave=False) if show else None
                 outcomes: list[Outcome] = []
                 t0 = trio.current_time()
-                with trio.move_on_after(cfg.round_timeout):
-                    async with trio.open_nursery() as nursery:
-                        for job in jobs:
-                            nursery.start_soon(_job, client, server.url, job, outcomes, bar, t0, server.model_id,
-                                               pool, ref.n_vocab)
+                async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(cfg.round_timeout)) as clients:
+                    with trio.move_on_after(cfg.round_timeout):
+                        async with trio.open_nursery() as nursery:
+                            for job in jobs:
+                                nursery.start_soon(_job, clients, server.url, job, outcomes, bar, t0,
+                                                   server.model_id, pool, ref.n_vocab)
                 seconds = trio.current_time() - t0
                 if bar is not None:
                     bar.close()
