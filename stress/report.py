@@ -21,12 +21,30 @@ def out_dir(out: str | Path) -> Path:
     return out if len(out.parts) > 1 or out.is_absolute() else RESULTS / out
 
 
+def provenance() -> dict[str, Any]:
+    """The commit the run used, and which of skippy's files differed from it (a run on a dirty tree
+    says so)."""
+    import subprocess
+
+    repo = RESULTS.parents[1]
+
+    def git(*args: str) -> str:
+        try:
+            return subprocess.run(["git", *args], cwd=repo, capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return ""
+
+    dirty = [line[3:] for line in git("status", "--porcelain", "--", "skippy", "patches").splitlines()]
+    return {"commit": git("rev-parse", "--short", "HEAD").strip(), "skippy_changes_not_committed": dirty}
+
+
 def summary(name: str, command: str, config: dict[str, Any], checks: Sequence[Check],
             rounds: Sequence[dict[str, Any]], totals: dict[str, Any]) -> dict[str, Any]:
     return {
         "name": name,
         "ok": all(c.ok for c in checks),
         "command": command,
+        "provenance": provenance(),
         "config": config,
         "invariants": [{"name": c.name, "ok": c.ok, "detail": c.detail} for c in checks],
         "totals": totals,
@@ -42,7 +60,13 @@ def print_checks(checks: Sequence[Check], file: TextIO | None = None) -> None:
 def markdown(result: dict[str, Any]) -> str:
     """The printed invariants and the headline numbers, for stress/results/<name>/summary.md."""
     lines = [f"# Stress run: {result['name']}", "", f"Result: **{'PASS' if result['ok'] else 'FAIL'}**", "",
-             "Command:", "", "```bash", result["command"], "```", "", "## Invariants", ""]
+             "Command:", "", "```bash", result["command"], "```", ""]
+    prov = result.get("provenance") or {}
+    if prov:
+        lines += [f"At commit `{prov.get('commit')}`" + (f"; skippy files not committed then: "
+                  f"{', '.join(prov['skippy_changes_not_committed'])}" if prov.get("skippy_changes_not_committed")
+                  else "; skippy as committed") + ".", ""]
+    lines += ["## Invariants", ""]
     lines += [f"- {'PASS' if c['ok'] else 'FAIL'} {c['name']}: {c['detail']}" for c in result["invariants"]]
     lines += ["", "## Totals", "", "| | |", "|---|---|"]
     lines += [f"| {k} | {v} |" for k, v in result["totals"].items()]
