@@ -84,6 +84,75 @@ def _prefix_config(args: argparse.Namespace) -> dict:
     return {"prefix_cache": args.prefix_cache, "prefix_slots": args.prefix_slots}
 
 
+def _bytes(text: str) -> int:
+    """'512M', '2G', '1.5GiB' or a plain number of bytes."""
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1] if t and t[-1] in units else ""
+    try:
+        value = float(t[: len(t) - len(unit)]) * units[unit]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 536870912, 512M, 2G)") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"a memory budget must be positive, got {text!r}")
+    return int(value)
+
+
+def _sizing_config(args: argparse.Namespace) -> dict:
+    config = {"n_ctx": args.n_ctx, "memory_bytes": args.memory, "floor_ctx_per_session": args.floor_ctx}
+    if args.n_seq_max:
+        config["n_seq_max"] = args.n_seq_max
+    return config
+
+
+def _add_sizing_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--n-ctx", type=int, default=None,
+                        help="cells in the shared KV pool (default: 4096, or derived from --memory)")
+    parser.add_argument("--memory", type=_bytes, default=None,
+                        help="budget for KV cells and recurrent states, e.g. 512M: sizes the pool and the ceiling")
+    parser.add_argument("--floor-ctx", type=int, default=128, help="cells per session the ceiling is derived from")
+    parser.add_argument("--n-seq-max", type=int, default=None, help="ceiling on running sequences (default: derived)")
+    parser.add_argument("--n-batch", type=int, default=512)
+
+
+def _plan(args: argparse.Namespace) -> int:
+    import json
+
+    from ._plan import plan_for
+    from .engine import EngineConfig, _prefix_fraction, _reserved
+    from .native import Model
+
+    path = _resolve_checked(args)
+    cfg = EngineConfig(**_sizing_config(args), **_prefix_config(args))
+    options = {"n_batch": args.n_batch, "n_ubatch": args.n_batch, "threads": 1, "batch_invariant": True}
+    n_ctx = cfg.n_ctx if cfg.n_ctx is not None else (None if cfg.memory_bytes is not None else 4096)
+    with Model(path, repack=False) as model:
+        plan = plan_for(model, options, n_ctx=n_ctx, requested=cfg.n_seq_max, reserved=_reserved(cfg),
+                        floor_ctx_per_session=cfg.floor_ctx_per_session, memory_bytes=cfg.memory_bytes,
+                        prefix_fraction=_prefix_fraction(cfg, n_ctx))
+        arch = model.arch
+    from .families import kv_class
+
+    out = {
+        "model": path.name, "arch": arch, "kv_class": kv_class(arch).value, "n_ctx": plan.n_ctx,
+        "ceiling": plan.ceiling, "n_seq_max": plan.n_seq_max, "reserved_seq_ids": plan.reserved,
+        "prefix_budget_tokens": plan.prefix_budget_tokens, "floor_ctx_per_session": cfg.floor_ctx_per_session,
+        "bytes": {k.name.lower(): v for k, v in plan.bytes.items()}, "total_bytes": plan.total_bytes,
+        "memory_bytes": plan.memory_bytes, "limited_by": plan.reason,
+    }
+    if args.json:
+        print(json.dumps(out))
+        return 0
+    width = max(len(k) for k in out)
+    for k, v in out.items():
+        if k == "bytes":
+            v = ", ".join(f"{c} {n / 2**20:.1f} MiB" for c, n in v.items())
+        elif k in ("total_bytes", "memory_bytes") and v is not None:
+            v = f"{v} ({v / 2**20:.1f} MiB)"
+        print(f"{k:<{width}}  {v}")
+    return 0
+
+
 def _add_prefix_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prefix-cache", action=argparse.BooleanOptionalAction, default=True,
                         help="share prompt prefixes between requests (default: on)")
@@ -94,9 +163,7 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
     model = _resolve_checked(args)
-    config = {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "threads": args.threads, **_prefix_config(args)}
-    if args.n_seq_max:
-        config["n_seq_max"] = args.n_seq_max
+    config = {"n_batch": args.n_batch, "threads": args.threads, **_sizing_config(args), **_prefix_config(args)}
     result = demo_main(model, args.sessions, args.max_tokens, progress=not args.quiet,
                        shared_prefix_tokens=args.shared_prefix_tokens, **config)
     return 0 if result["failed"] == 0 else 1
@@ -109,10 +176,8 @@ def _serve(args: argparse.Namespace) -> int:
     from .server import create_app, default_model_names, serve_app, wait_for_signal
 
     model = _resolve_checked(args)
-    config = {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "threads": args.threads, "max_waiting": args.max_waiting,
-              **_prefix_config(args)}
-    if args.n_seq_max:
-        config["n_seq_max"] = args.n_seq_max
+    config = {"n_batch": args.n_batch, "threads": args.threads, "max_waiting": args.max_waiting,
+              **_sizing_config(args), **_prefix_config(args)}
     from .models._store import DEFAULT_MODEL, REAL_MODELS
 
     alias = args.model if args.model in REAL_MODELS else (args.family or (DEFAULT_MODEL if args.model is None else None))
@@ -172,14 +237,21 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--sessions", type=int, default=16)
     demo.add_argument("--max-tokens", type=int, default=32)
     demo.add_argument("--threads", type=int, default=2)
-    demo.add_argument("--n-ctx", type=int, default=4096)
-    demo.add_argument("--n-batch", type=int, default=512)
-    demo.add_argument("--n-seq-max", type=int, default=None, help="ceiling on running sequences (default: derived)")
+    _add_sizing_options(demo)
     demo.add_argument("--quiet", action="store_true", help="no progress bar")
     demo.add_argument("--shared-prefix-tokens", type=int, default=0,
                       help="every session's prompt starts with the same K tokens (a system prompt)")
     _add_prefix_options(demo)
     demo.set_defaults(func=_demo)
+
+    plan = sub.add_parser("plan", help="the lane plan the engine would use: pool cells, ceiling, bytes per component")
+    where = plan.add_mutually_exclusive_group()
+    where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
+    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    _add_sizing_options(plan)
+    _add_prefix_options(plan)
+    plan.add_argument("--json", action="store_true", help="one JSON line")
+    plan.set_defaults(func=_plan)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)")
     where = serve.add_mutually_exclusive_group()
@@ -189,9 +261,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--port", type=int, default=8080)
     serve.add_argument("--served-model-name", default=None, help="the model id clients use (default: the file name)")
     serve.add_argument("--threads", type=int, default=2)
-    serve.add_argument("--n-ctx", type=int, default=4096)
-    serve.add_argument("--n-batch", type=int, default=512)
-    serve.add_argument("--n-seq-max", type=int, default=None, help="ceiling on running sequences (default: derived)")
+    _add_sizing_options(serve)
     serve.add_argument("--max-waiting", type=int, default=256, help="waiting-queue bound; past it: HTTP 429")
     _add_prefix_options(serve)
     serve.add_argument("--shutdown-deadline", type=float, default=30.0,

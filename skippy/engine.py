@@ -39,9 +39,12 @@ from .telemetry import Counters, EngineStats, StepReport
 
 @attrs.frozen(kw_only=True)
 class EngineConfig:
-    n_ctx: int = 4096  # the shared cell pool (unified KV: any one sequence may use all of it)
+    # the shared cell pool (unified KV: any one sequence may use all of it); None: 4096, or derived
+    # from memory_bytes when that is given
+    n_ctx: int | None = None
     n_batch: int = 512  # tokens per step (decode + prefill chunks); also n_ubatch: one ubatch per step
-    n_seq_max: int | None = None  # ceiling on running sequences; None = derived (lanes.plan_lanes)
+    n_seq_max: int | None = None  # ceiling on running sequences; None = derived (scheduling.lanes)
+    memory_bytes: int | None = None  # budget for KV cells and recurrent states; sizes n_ctx and the ceiling
     threads: int | None = None
     max_waiting: int = 256  # past it, generate() fails fast with OverloadedError
     decode_reserve: int = 16  # cells promised per running sequence beyond its prompt
@@ -55,7 +58,6 @@ class EngineConfig:
     prefix_slots: int = 8  # resident entries (sequence ids kept off the lanes)
     prefix_budget_tokens: int | None = None  # resident tokens; None = half the cell pool
     prefix_block: int = 16  # hash-chain block size in tokens
-    recurrent_budget_bytes: float = 256 * 2**20
     context_options: Mapping[str, Any] = attrs.field(factory=dict)  # extra ContextOptions fields
     # On by default: exact-output parity (a request's tokens do not depend on its batch-mates)
     # is the pre-gate. Measured cost (bench/results/batch-invariance): decode within noise of
@@ -67,8 +69,9 @@ class EngineConfig:
 
 def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
     """A Runtime for `model` (path, name, Model, or a Runtime itself) and its lane plan."""
-    from .families import KvClass, kv_class
-    from .native import Context, ContextOptions, Model
+    from ._plan import plan_for
+    from .families import KvClass
+    from .native import ContextOptions, Model
 
     if model is None or isinstance(model, (str, os.PathLike)):
         from .models import resolve_model
@@ -86,25 +89,19 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
         reserved = _reserved(cfg) if getattr(model, "prefix_identity", None) is not None else 0
         requested = min(model.n_seq_max - reserved, cfg.n_seq_max or 256)
         plan = plan_lanes(KvClass.DENSE, model.n_ctx, model.n_batch, requested=requested, reserved=reserved,
-                          floor_ctx_per_session=1)
+                          floor_ctx_per_session=1, prefix_fraction=_prefix_fraction(cfg, model.n_ctx))
         return model, plan
     try:
-        kv = kv_class(m.arch)
         threads = cfg.threads or min(8, os.cpu_count() or 1)
-        base = dict(n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, n_ubatch=cfg.n_batch, threads=threads,
-                    batch_invariant=cfg.batch_invariant)
+        base = dict(n_batch=cfg.n_batch, n_ubatch=cfg.n_batch, threads=threads, batch_invariant=cfg.batch_invariant)
         base.update(cfg.context_options)
         if not base.get("kv_unified", True):
             raise InvalidInputError("the scheduler needs unified KV (one shared cell pool); kv_unified=False is not supported")
-        per_seq = 0.0
-        if kv.recurrent:  # every lane pays a whole state: price it on a one-lane probe context
-            probe_opts = ContextOptions(**{**base, "n_ctx": min(base["n_ctx"], 256), "n_seq_max": 1})
-            with Context(m, probe_opts) as probe:
-                rec = probe.ledger().get(ComponentKind.RECURRENT)
-                per_seq = rec.bytes / rec.size if rec and rec.size else 0.0
-        plan = plan_lanes(kv, base["n_ctx"], base["n_batch"], requested=cfg.n_seq_max, reserved=_reserved(cfg),
-                          floor_ctx_per_session=cfg.floor_ctx_per_session, recurrent_bytes_per_seq=per_seq,
-                          recurrent_budget_bytes=cfg.recurrent_budget_bytes)
+        n_ctx = cfg.n_ctx if cfg.n_ctx is not None else (None if cfg.memory_bytes is not None else 4096)
+        plan = plan_for(m, base, n_ctx=n_ctx, requested=cfg.n_seq_max, reserved=_reserved(cfg),
+                        floor_ctx_per_session=cfg.floor_ctx_per_session, memory_bytes=cfg.memory_bytes,
+                        prefix_fraction=_prefix_fraction(cfg, n_ctx), measure=False)
+        base["n_ctx"] = plan.n_ctx
         runtime = ContextRuntime(m, ContextOptions(**{**base, "n_seq_max": plan.n_seq_max}), own_model=own)
     except BaseException:
         if own:
@@ -116,15 +113,24 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
 
 
 def _reserved(cfg: EngineConfig) -> int:
+    if cfg.prefix_slots < 0 or cfg.prefix_block < 1:
+        raise InvalidInputError("prefix_slots must be >= 0 and prefix_block >= 1")
     return cfg.prefix_slots if cfg.prefix_cache else 0
+
+
+def _prefix_fraction(cfg: EngineConfig, n_ctx: int | None) -> float:
+    """The prefix cache's share of the cell pool (a co-tenant): half by default."""
+    if not cfg.prefix_cache:
+        return 0.0
+    if cfg.prefix_budget_tokens is None or not n_ctx:
+        return 0.5
+    return min(1.0, cfg.prefix_budget_tokens / n_ctx)
 
 
 def _prefix_cache(runtime: Runtime, cfg: EngineConfig, plan: LanePlan) -> PrefixCache | None:
     if not cfg.prefix_cache or plan.n_seq_max <= plan.ceiling or getattr(runtime, "prefix_identity", None) is None:
         return None
-    if cfg.prefix_slots < 0 or cfg.prefix_block < 1:
-        raise InvalidInputError("prefix_slots must be >= 0 and prefix_block >= 1")
-    budget = cfg.prefix_budget_tokens if cfg.prefix_budget_tokens is not None else runtime.n_ctx // 2
+    budget = cfg.prefix_budget_tokens if cfg.prefix_budget_tokens is not None else plan.prefix_budget_tokens
     return PrefixCache(runtime.prefix_identity, range(plan.ceiling, plan.n_seq_max), budget,
                        block=cfg.prefix_block, exact=runtime.share_exact)
 

@@ -19,6 +19,7 @@ from skippy.scheduling import (
     RequestState,
     plan_lanes,
 )
+from skippy.scheduling.lanes import MemoryCosts, PlanError
 from skippy.scheduling.text import StopMatcher, TextAssembler
 
 ATTN, SWA, REC = ComponentKind.ATTN, ComponentKind.SWA, ComponentKind.RECURRENT
@@ -236,12 +237,54 @@ def test_lane_ceiling_is_derived_and_family_aware():
     assert dense.ceiling == 32 and dense.n_seq_max == 32
     assert plan_lanes(KvClass.DENSE, n_ctx=1 << 20, n_batch=4096).ceiling == 256
     assert plan_lanes(KvClass.DENSE, n_ctx=1 << 20, n_batch=4096, reserved=32).n_seq_max == 256
-    hybrid = plan_lanes(KvClass.SSM_HYBRID, n_ctx=1 << 20, n_batch=4096, recurrent_bytes_per_seq=16 * 2**20,
-                        recurrent_budget_bytes=128 * 2**20)
+    state = MemoryCosts(attn_bytes_per_cell=0.0, recurrent_bytes_per_seq=16 * 2**20)
+    hybrid = plan_lanes(KvClass.SSM_HYBRID, n_ctx=1 << 20, n_batch=4096, costs=state, memory_bytes=128 * 2**20)
     assert hybrid.ceiling == 8 and "recurrent" in hybrid.reason
     assert plan_lanes(KvClass.DENSE, n_ctx=4096, n_batch=512, requested=3).ceiling == 3
     assert plan_lanes(KvClass.DENSE, n_ctx=256, n_batch=64, requested=8).ceiling == 8  # admission gates memory
     assert plan_lanes(KvClass.DENSE, n_ctx=256, n_batch=64, requested=300).ceiling == 64
+
+
+def test_the_prefix_cache_is_a_co_tenant_of_the_pool_and_of_the_seq_ids():
+    plan = plan_lanes(KvClass.DENSE, n_ctx=4096, n_batch=512, reserved=8, prefix_fraction=0.5)
+    assert plan.ceiling == (4096 - 2048) // 128 and plan.n_seq_max == plan.ceiling + 8
+    assert plan.prefix_budget_tokens == 2048
+    assert plan_lanes(KvClass.DENSE, n_ctx=1 << 20, n_batch=4096, reserved=8, prefix_fraction=0.5).ceiling == 248
+
+
+def test_the_recurrent_ceiling_falls_as_the_state_grows():
+    ceilings = []
+    for mib in (1, 4, 16, 64):
+        costs = MemoryCosts(attn_bytes_per_cell=1024.0, recurrent_bytes_per_seq=mib * 2**20)
+        ceilings.append(plan_lanes(KvClass.LINEAR_HYBRID, n_ctx=4096, n_batch=512, costs=costs,
+                                   memory_bytes=512 * 2**20).ceiling)
+    assert ceilings == sorted(ceilings, reverse=True) and ceilings[0] > ceilings[-1]
+    assert ceilings[-1] == (512 * 2**20 - 4096 * 1024) // (64 * 2**20)  # every state paid from the budget
+    # reserved ids (resident prefixes) hold a state each too, taking at most half the states
+    costs = MemoryCosts(attn_bytes_per_cell=0.0, recurrent_bytes_per_seq=2**20)
+    plan = plan_lanes(KvClass.SSM_HYBRID, n_ctx=4096, n_batch=512, costs=costs, memory_bytes=10 * 2**20, reserved=8)
+    assert plan.reserved == 5 and plan.ceiling == 5 and plan.bytes[ComponentKind.RECURRENT] == 10 * 2**20
+
+
+def test_the_ceiling_never_exceeds_llama_max_seq_minus_reserved():
+    for kv in KvClass:
+        for reserved in (0, 8, 64):
+            plan = plan_lanes(kv, n_ctx=1 << 22, n_batch=1 << 14, reserved=reserved, floor_ctx_per_session=1)
+            assert plan.ceiling <= 256 - plan.reserved and plan.n_seq_max <= 256
+
+
+def test_a_memory_budget_sizes_the_pool_too():
+    costs = MemoryCosts(attn_bytes_per_cell=1000.0)
+    plan = plan_lanes(KvClass.DENSE, None, 512, costs=costs, memory_bytes=10_000_000)
+    assert plan.n_ctx == 9984 and plan.total_bytes <= 10_000_000  # the largest multiple of 256 that fits
+    assert plan.ceiling == 9984 // 128
+    iswa = MemoryCosts(attn_bytes_per_cell=1000.0, swa_bytes_per_cell=1000.0, n_swa=512)
+    both = plan_lanes(KvClass.ISWA, None, 512, costs=iswa, memory_bytes=10_000_000)
+    assert both.total_bytes <= 10_000_000 and both.n_ctx < plan.n_ctx  # each lane also pays a window
+    with pytest.raises(PlanError):
+        plan_lanes(KvClass.DENSE, None, 512, costs=costs, memory_bytes=1000)
+    with pytest.raises(PlanError):
+        plan_lanes(KvClass.DENSE, 8192, 512, costs=costs, memory_bytes=1_000_000)  # the pool alone is over
 
 
 # -- sampling rows ---------------------------------------------------------------------------

@@ -49,3 +49,36 @@ def test_synth_writes_a_model(tmp_path):
     run = _skippy("models", "synth", "gemma2", "--seed", "3", "--out", str(out))
     assert run.returncode == 0, run.stderr
     assert out.read_bytes()[:4] == b"GGUF"
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "deepseek2", "falcon-h1", "qwen3next"])
+def test_plan_prints_the_plan_the_engine_uses(native_build, family):
+    import json
+
+    import trio
+
+    import skippy
+    from skippy.families import kv_class
+    from skippy.models import synthetic_model
+
+    run = subprocess.run([sys.executable, "-m", "skippy", "plan", "--family", family, "--memory", "6M", "--json"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    plan = json.loads(run.stdout)
+    assert plan["total_bytes"] <= 6 * 2**20 and plan["ceiling"] >= 1
+    assert plan["n_seq_max"] == plan["ceiling"] + plan["reserved_seq_ids"] <= 256
+    assert set(plan["bytes"]) == {c.name.lower() for c in kv_class(plan["arch"]).components}
+
+    async def engine_plan():
+        async with skippy.open_engine(synthetic_model(family), memory_bytes=6 * 2**20, threads=1) as engine:
+            return engine.runtime.n_ctx, engine.lanes.ceiling, engine.runtime.ledger()
+
+    n_ctx, ceiling, ledger = trio.run(engine_plan)
+    assert (n_ctx, ceiling) == (plan["n_ctx"], plan["ceiling"])
+    assert sum(c.bytes for c in ledger.components) == plan["total_bytes"]  # what llama.cpp really allocated
+
+
+def test_plan_refuses_a_budget_that_holds_nothing(native_build):
+    run = subprocess.run([sys.executable, "-m", "skippy", "plan", "--family", "llama", "--memory", "1K"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2 and "does not hold" in run.stderr

@@ -64,14 +64,20 @@ async def test_concurrent_requests_on_every_family(family, synth_model_path):
 
 
 async def test_recurrent_families_pay_for_every_lane(synth_model_path):
-    """The derived ceiling of a hybrid is bounded by its per-sequence state; a dense one's is not."""
+    """Under one memory budget a hybrid's ceiling is bounded by its per-sequence state; a dense one's is not."""
+    from skippy._plan import measure_costs
+
+    with Model(synth_model_path("falcon-h1"), repack=False) as m:
+        costs = measure_costs(m, {"n_batch": 256, "n_ubatch": 256, "threads": 1})
+    budget = int(costs.attn_bytes_per_cell * 4096 + 2.5 * costs.recurrent_bytes_per_seq)  # the pool and 2.5 states
     with trio.fail_after(30):
         async with skippy.open_engine(synth_model_path("falcon-h1"), n_ctx=4096, n_batch=256, threads=1,
-                                      recurrent_budget_bytes=1) as engine:
+                                      memory_bytes=budget) as engine:
             assert engine.lanes.ceiling == 1 and "recurrent" in engine.lanes.reason
+            assert engine.lanes.reserved == 1  # a resident prefix holds a state too
         async with skippy.open_engine(synth_model_path("llama"), n_ctx=4096, n_batch=256, threads=1,
-                                      recurrent_budget_bytes=1) as engine:
-            assert engine.lanes.ceiling == 4096 // 128
+                                      memory_bytes=budget) as engine:
+            assert engine.lanes.ceiling == (4096 - 2048) // 128  # the prefix cache's half is a co-tenant
 
 
 @pytest.mark.parametrize("family", ["llama", "falcon-h1"])
