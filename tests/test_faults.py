@@ -201,11 +201,6 @@ async def test_cancelling_the_enclosing_scope_mid_step_leaves_nothing_behind():
 
 
 @pytest.mark.server
-@pytest.mark.xfail(strict=True, reason=(
-    "skippy/server/app.py _generate: `await request.body()` raises starlette.requests.ClientDisconnect "
-    "when the client hangs up before its body is complete; no handler catches it, so the catch-all "
-    "_internal_error logs 'unhandled error in POST ...' at ERROR with a full traceback and answers 500 "
-    "to nobody. Under load every client timeout during the upload does this (stress/server_run saw it)."))
 async def test_a_client_that_hangs_up_mid_upload_is_not_a_server_error():
     from loguru import logger
 
@@ -237,13 +232,6 @@ async def test_a_client_that_hangs_up_mid_upload_is_not_a_server_error():
 
 
 @pytest.mark.server
-@pytest.mark.xfail(strict=True, reason=(
-    "skippy/server/serve.py hypercorn_config sets keep_alive_timeout = 5.0 s, exactly httpx's default "
-    "keepalive_expiry (5.0 s, also the openai client's): a client that reuses a connection idle ~5 s races "
-    "the server closing it, and its POST fails with 'Server disconnected without sending a response' "
-    "(httpx.RemoteProtocolError; not retried for a POST). Seen once in stress/server_run at N=256 between "
-    "rounds, and in 2 of 24 tries reusing a connection after 4.96-5.05 s idle. The server's keep-alive "
-    "should outlive the clients' (e.g. 75 s, as nginx does)."))
 def test_the_server_keeps_idle_connections_longer_than_its_clients_do():
     import httpx
 

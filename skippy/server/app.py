@@ -19,7 +19,7 @@ from loguru import logger
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
-from starlette.requests import Request as HttpRequest
+from starlette.requests import ClientDisconnect, Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
@@ -85,7 +85,11 @@ async def _generate(request: HttpRequest, kind: str) -> Response:
     state: ServerState = request.app.state.server
     if state.draining:
         raise P.shutting_down()
-    body = await request.body()
+    try:
+        body = await request.body()
+    except ClientDisconnect:  # hung up before its body was complete: nobody to answer, nothing to run
+        logger.debug("client left during the upload of {} {}", request.method, request.url.path)
+        return Response(status_code=499)
     data = P.parse_json(body)
     call = P.parse_chat(data) if kind == "chat" else P.parse_completion(data)
     if call.model not in state.model_names:

@@ -26,7 +26,9 @@ def hypercorn_config(host: str, port: int, *, graceful_timeout: float = 5.0) -> 
     config.accesslog = None
     config.errorlog = None  # we print the address ourselves; errors reach loguru through the app
     config.graceful_timeout = graceful_timeout
-    config.keep_alive_timeout = 5.0
+    # longer than clients keep idle connections (httpx and openai: 5 s), so a client reusing one
+    # never races the server closing it (a POST is not retried on 'disconnected without a response')
+    config.keep_alive_timeout = 75.0
     return config
 
 
