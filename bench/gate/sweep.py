@@ -102,7 +102,9 @@ async def run_sweep(opts: SweepOptions) -> dict[str, Any]:
     if opts.batched_bench:
         results["batched_bench"] = await _batched(opts, tools)
     timeout = httpx.Timeout(opts.request_timeout, connect=30.0, pool=None)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    # idle connections are dropped well before a server's keep-alive timeout (5 s for llama-server's
+    # httplib, and once for skippy's hypercorn), so a request never races the server closing its connection
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0)
     for load in opts.loads:
         for engine in opts.engines:
             port = free_port()
