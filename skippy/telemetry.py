@@ -64,6 +64,7 @@ class EngineStats:
     prefix_entries: int = 0
     prefix_resident_tokens: int = 0
     kv_used_peak: Mapping[ComponentKind, int] = attrs.field(factory=dict)  # max over steps
+    kv_bytes_per_cell: Mapping[ComponentKind, float] = attrs.field(factory=dict)  # per slot for RECURRENT
 
     @property
     def python_overhead_pct(self) -> float:
@@ -128,4 +129,5 @@ class Counters:
             ceiling=self.ceiling, prefix_queries=self.prefix_queries, prefix_hits=self.prefix_hits,
             prefix_evictions=self.prefix_evictions, prefix_entries=self.prefix_entries,
             prefix_resident_tokens=self.prefix_resident_tokens, kv_used_peak=dict(self.kv_used_peak),
+            kv_bytes_per_cell={c.kind: c.bytes / c.size for c in ledger if c.size},
         )

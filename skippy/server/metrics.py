@@ -43,6 +43,12 @@ class _EngineCollector(Collector):
         yield used
         yield free
         yield ratio
+        per_cell = GaugeMetricFamily("skippy_kv_bytes_per_cell",
+                                     "Bytes of one cell (one state slot for recurrent) of each KV component",
+                                     labels=["component"])
+        for kind, b in s.kv_bytes_per_cell.items():
+            per_cell.add_metric([getattr(kind, "name", str(kind)).lower()], b)
+        yield per_cell
         yield CounterMetricFamily("skippy_preemptions", "Sequences preempted (recompute)", value=s.preemptions)
         yield CounterMetricFamily("skippy_queue_rejections", "Requests refused because the waiting queue was full",
                                   value=s.rejected)

@@ -77,6 +77,8 @@ async def test_client_disconnect_mid_stream_cancels_and_frees_cells(synth_model_
             async with httpx.AsyncClient(base_url=url, timeout=30) as http:
                 before = (await http.get("/metrics")).text
                 assert metric(before, "skippy_kv_used_cells", 'component="attn"') == 0
+                ledger = engine.runtime.ledger().get(ATTN)
+                assert metric(before, "skippy_kv_bytes_per_cell", 'component="attn"') == ledger.bytes / ledger.size
                 body = {"model": M, "prompt": "a long story", "max_tokens": 900, "ignore_eos": True, "stream": True}
                 async with http.stream("POST", "/v1/completions", json=body) as r:
                     assert r.status_code == 200
