@@ -164,7 +164,7 @@ def log_findings(text: str) -> list[str]:
             out.append(f"{message} -> {exc}" if exc else message)
             i = j
             continue
-        if line.startswith("Traceback") or "step failed" in line:
-            out.append(line.strip())
+        if line.startswith("Traceback") or "step failed" in line or re.search(r"step \d+ failed for", line):
+            out.append(line.split(" - ", 1)[-1].strip())
         i += 1
     return out

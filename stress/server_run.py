@@ -262,11 +262,10 @@ async def run(cfg: RunConfig, *, progress: bool | None = None, log_dir: Path | N
         argv = serve_argv(cfg.model, cfg.family, n_ctx=pool_cells(rounds, cfg.demand_ratio), n_batch=cfg.n_batch,
                           n_seq_max=cfg.n_seq_max, threads=cfg.threads, max_waiting=cfg.waiting_bound)
         limits = httpx.Limits(max_connections=cfg.sessions + 16, max_keepalive_connections=cfg.sessions + 16)
-        # The round's clients get fresh connections: a keep-alive connection idle across the pause
-        # between rounds may be closed by the server (hypercorn's keep-alive timeout, 5 s) just as it
-        # is reused, which HTTP/1.1 clients see as "disconnected without a response" for a POST they
-        # must not retry -- a property of HTTP keep-alive, not of the server. /metrics reads use a
-        # client of their own.
+        # Each round's clients connect anew, like new sessions: a keep-alive connection left idle over
+        # the pause between rounds can race the server closing it, and a POST on it then fails
+        # "disconnected without a response" (seen at N=256 while the server's keep-alive was 5 s).
+        # /metrics reads use a client of their own.
         async with running_server(argv, log) as server, httpx.AsyncClient(timeout=30) as client:
             m0 = await metrics(client, server.url)
             pool = int(m0['skippy_kv_used_cells{component="attn"}'] + m0['skippy_kv_free_cells{component="attn"}'])

@@ -197,6 +197,42 @@ async def test_cancelling_the_enclosing_scope_mid_step_leaves_nothing_behind():
         engine.generate([1], max_tokens=1)
 
 
+# -- prefix sharing when the shared source is cancelled ------------------------------------------
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "Share-wait cycle (skippy/actors/composer.py _copy_shares + scheduling/prefix.py match): A and C wait "
+    "to copy a 32-token prefix from S, which is still prefilling it; S is cancelled, so each re-matches "
+    "among the live requests and A picks C while C picks A (neither has computed it: match() accepts a "
+    "live holder whose cells are only promised). compose() skips both forever; the loop reads the empty "
+    "plan as 'nothing fits', evicts the resident prefix, then fails C with NoKvSlotError('a sequence "
+    "cannot fit the memory left') in a nearly empty pool. stress/server_run at N=256 saw 8 requests fail "
+    "this way in one step (HTTP 500 / error chunks); without a resident entry to evict, the same cycle "
+    "costs needless preemptions instead."))
+async def test_cancelling_the_source_of_a_shared_prefix_fails_nobody():
+    rt = FakeRuntime(n_ctx=512, n_batch=16, n_seq_max=12, prefix=True)
+    system = [(7 * k) % 60 + 1 for k in range(32)]  # two 16-token blocks every prompt below starts with
+    source: list = []
+
+    def cancel_source_mid_prefill(report) -> None:
+        if source and source[0].request.cached >= 16:  # it holds one block of the shared two
+            source.pop().cancel()
+
+    with trio.fail_after(10):
+        async with skippy.open_engine(rt, on_step=cancel_source_mid_prefill) as engine:
+            await consume_all(engine, [([(3 * k) % 50 + 5 for k in range(40)], {"max_tokens": 2})])
+            assert engine.stats().prefix_entries == 1  # an unrelated resident prefix
+            source.append(engine.generate(system + [1, 2, 3, 4, 5, 6, 7, 8], max_tokens=4))
+            specs = [(system + [9, 10, 11, 12, 13], {"max_tokens": 4}), (system + [14, 15, 16, 17, 18, 19],
+                                                                         {"max_tokens": 4})]
+            results = await consume_all(engine, specs)
+            stats = engine.stats()
+    assert stats.finished["cancelled"] == 1
+    for (p, kw), events in zip(specs, results):
+        assert events[-1].finish_reason == "length", events[-1]
+        assert [e.token for e in events if e.token is not None] == rt.solo(p, kw["max_tokens"])
+
+
 # -- the server: a client that leaves while its body is being read ---------------------------------
 
 
