@@ -200,16 +200,10 @@ async def test_cancelling_the_enclosing_scope_mid_step_leaves_nothing_behind():
 # -- prefix sharing when the shared source is cancelled ------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "Share-wait cycle (skippy/actors/composer.py _copy_shares + scheduling/prefix.py match): A and C wait "
-    "to copy a 32-token prefix from S, which is still prefilling it; S is cancelled, so each re-matches "
-    "among the live requests and A picks C while C picks A (neither has computed it: match() accepts a "
-    "live holder whose cells are only promised). compose() skips both forever; the loop reads the empty "
-    "plan as 'nothing fits', evicts the resident prefix, then fails C with NoKvSlotError('a sequence "
-    "cannot fit the memory left') in a nearly empty pool. stress/server_run at N=256 saw 8 requests fail "
-    "this way in one step (HTTP 500 / error chunks); without a resident entry to evict, the same cycle "
-    "costs needless preemptions instead."))
 async def test_cancelling_the_source_of_a_shared_prefix_fails_nobody():
+    """Two requests wait to copy a prefix from a source still prefilling it; the source is cancelled.
+    They used to re-match each other (cells only promised on both sides) and wait forever, until the
+    loop failed one with NoKvSlotError in an empty pool (8 HTTP 500s in the N=256 server stress run)."""
     rt = FakeRuntime(n_ctx=512, n_batch=16, n_seq_max=12, prefix=True)
     system = [(7 * k) % 60 + 1 for k in range(32)]  # two 16-token blocks every prompt below starts with
     source: list = []

@@ -128,3 +128,16 @@ def test_reserved_ids_are_reused_only_after_their_entry_is_dropped():
     c.drop(a)
     c.drop(a)  # twice is harmless and frees nothing else
     assert c.add(np.arange(300, 340, dtype=np.int32)).seq_id == 10 and len(c.entries) == 2
+
+
+def test_a_request_still_waiting_for_its_own_share_is_no_source():
+    """Two waiters could otherwise pick each other when their common source goes away."""
+    from skippy.scheduling.prefix import Share
+
+    c = cache()
+    waiting = req(0, with_suffix(1))
+    waiting.share = Share(req(9, with_suffix(2)), 48)  # promised, not yet copied in
+    c.add_live(waiting)
+    assert c.match(req(1, with_suffix(1, 5))) is None
+    waiting.share = None  # once it holds its cells (or computes them itself) it is a source again
+    assert c.match(req(1, with_suffix(1, 5))).source is waiting

@@ -234,6 +234,11 @@ class ComposerActor:
             r.cached = r.cached_tokens = answer.granted
             self.counters.prefix_hits += answer.granted
             logger.debug("request {} shares {} of {} prompt tokens from seq {}", r.id, answer.granted, length, seq)
+        if self.policy.running and all(r.share is not None for r in self.policy.running):
+            for r in self.policy.running:  # nobody computes what the others wait for (never expected: match()
+                r.share = None             # takes no source that is itself waiting): each computes its own
+            logger.warning("{} requests waited for shared prefixes nobody computes; they compute their own",
+                           len(self.policy.running))
 
     async def _record(self, plan: StepPlan) -> None:
         """Keep prompts that this step finished prefilling as resident prefixes."""

@@ -163,6 +163,8 @@ class PrefixCache:
         best: Share | None = None
         for holder in self._candidates(request, extra):
             is_entry = isinstance(holder, Entry)
+            if not is_entry and holder.share is not None:
+                continue  # its cells are only promised: two such requests could wait on each other forever
             lcp = common_prefix(holder.tokens if is_entry else holder.prompt, request.prompt)
             if not self.exact:
                 length = min(lcp, limit)
