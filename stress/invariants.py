@@ -214,6 +214,14 @@ def rss_stable(rss_mib: Sequence[float], tolerance_mib: float, tolerance_pct: fl
                  f"allowed +{allowed:.1f}); per round: {', '.join(f'{r:.1f}' for r in rss_mib)}")
 
 
+def connections_released(baseline: int, after: int, slack: int = 8) -> Check:
+    """Once every client of a round has closed its connection, the server holds no more file
+    descriptors than before the round (a connection kept after its client left is a socket in
+    CLOSE-WAIT, with its fd and task)."""
+    return Check("server released the connections its clients closed", 0 <= after <= baseline + slack,
+                 f"open fds: {baseline} before the rounds, {after} after this one (slack {slack})")
+
+
 # -- parity ---------------------------------------------------------------------------------
 
 

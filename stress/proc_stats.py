@@ -1,7 +1,9 @@
-"""Resident memory of a process, from /proc (Linux): the RSS-across-rounds check reads it."""
+"""Resident memory and open file descriptors of a process, from /proc (Linux): the RSS-across-rounds
+and connections-released checks read them."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 
@@ -14,3 +16,11 @@ def rss_mib(pid: int | str = "self") -> float:
     except (OSError, ValueError, IndexError):
         pass
     return float("nan")
+
+
+def open_fds(pid: int | str = "self") -> int:
+    """File descriptors the process holds (sockets included); -1 where /proc does not say."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return -1

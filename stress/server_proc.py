@@ -21,7 +21,7 @@ import attrs
 import httpx
 import trio
 
-from .proc_stats import rss_mib
+from .proc_stats import open_fds, rss_mib
 
 _SERVING = re.compile(r"serving (\S+) on (http://\S+)")
 
@@ -44,6 +44,16 @@ class Server:
 
     def rss_mib(self) -> float:
         return rss_mib(self.pid)
+
+    def open_fds(self) -> int:
+        return open_fds(self.pid)
+
+    async def fds_settled(self, at_most: int, timeout: float = 3.0) -> int:
+        """The server's open fds once at most `at_most`, or whatever they are at the timeout."""
+        with trio.move_on_after(timeout):
+            while self.open_fds() > at_most:
+                await trio.sleep(0.05)
+        return self.open_fds()
 
     def log_text(self) -> str:
         try:

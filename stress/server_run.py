@@ -268,6 +268,7 @@ async def run(cfg: RunConfig, *, progress: bool | None = None, log_dir: Path | N
         # /metrics reads use a client of their own.
         async with running_server(argv, log) as server, httpx.AsyncClient(timeout=30) as client:
             m0 = await metrics(client, server.url)
+            fds_before = server.open_fds()
             pool = int(m0['skippy_kv_used_cells{component="attn"}'] + m0['skippy_kv_free_cells{component="attn"}'])
             for r, jobs in enumerate(rounds):
                 before = finished_by_reason(await metrics(client, server.url))
@@ -286,6 +287,7 @@ async def run(cfg: RunConfig, *, progress: bool | None = None, log_dir: Path | N
                 if bar is not None:
                     bar.close()
                 idle = await _drain(client, server.url, cfg.drain_timeout)
+                fds_after = await server.fds_settled(fds_before + 8)
                 rss.append(server.rss_mib())
                 finished = {k: v - before.get(k, 0) for k, v in idle.finished.items()}
                 by_id = {j.id: j for j in jobs}
@@ -308,6 +310,7 @@ async def run(cfg: RunConfig, *, progress: bool | None = None, log_dir: Path | N
                     inv.server_responses_well_formed(outcomes),
                     inv.server_accounting(completed, cut, well_formed, finished),
                     inv.memory_idle(idle.snapshot),
+                    inv.connections_released(fds_before, fds_after),
                     inv.solo_parity(samples),
                 ])
                 rows.append({
@@ -315,7 +318,7 @@ async def run(cfg: RunConfig, *, progress: bool | None = None, log_dir: Path | N
                     "demand_cells": demand(jobs), "pool_cells": pool, "finished": finished,
                     "http_statuses": dict(sorted(_statuses(outcomes).items())),
                     "ttft_by_priority_s": tally.ttft_by_priority(outcomes),
-                    "memory": attrs.asdict(idle.snapshot),
+                    "memory": attrs.asdict(idle.snapshot), "server_open_fds": fds_after,
                     "failures": [o.summary() for o in tally.not_fine(outcomes, jobs)],
                 })
                 if not cfg.quiet:

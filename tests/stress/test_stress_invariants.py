@@ -169,6 +169,12 @@ def test_rss_growth_beyond_the_tolerance_fails():
     assert "not measured" in inv.rss_stable([100, 400], 8, 5).detail
 
 
+def test_connections_kept_after_their_clients_left_are_caught():
+    assert inv.connections_released(9, 12).ok
+    assert not inv.connections_released(9, 40).ok
+    assert not inv.connections_released(9, -1).ok  # not measurable: not a pass
+
+
 def test_parity_needs_a_sample_and_equal_outputs():
     assert inv.solo_parity([inv.ParitySample("a", (1, 2), (1, 2))]).ok
     assert not inv.solo_parity([inv.ParitySample("a", (1, 2), (1, 3))]).ok

@@ -30,7 +30,7 @@ SERVER_INVARIANTS = {
     "every request has exactly one outcome", "no decode failure reached a client",
     "every request got a completion or a clear error", "responses well formed (one finish, one [DONE], unique ids)",
     "server finished every request at most once, none in error", "KV memory back to idle after drain",
-    "sampled greedy completions equal solo greedy output",
+    "server released the connections its clients closed", "sampled greedy completions equal solo greedy output",
 }
 
 
@@ -63,11 +63,24 @@ async def test_engine_stress_run_keeps_every_invariant(synth_model_path):
     assert result["totals"]["finished"]["error"] == 0
 
 
+_server: dict = {}
+
+
+async def server_result() -> dict:
+    """One CI-sized server run per module, shared by the tests below (run on first use)."""
+    if "result" not in _server:
+        with trio.fail_after(150):
+            _server["result"] = await server_run.run(CI, progress=False)
+    return _server["result"]
+
+
+RELEASED = "server released the connections its clients closed"
+
+
 async def test_server_stress_run_keeps_every_invariant(synth_model_path):
     synth_model_path("llama")
-    with trio.fail_after(150):
-        result = await server_run.run(CI, progress=False)
-    assert result["ok"], failed(result)
+    result = await server_result()
+    assert [f for f in failed(result) if RELEASED not in f] == []  # that one: the strict xfail below
     assert result["totals"]["server_log_findings"] == []
     assert {f"all rounds: {n}" for n in SERVER_INVARIANTS} | {
         "RSS not growing across rounds", "server logged no error", "server stopped cleanly on SIGINT"} <= names(result)
@@ -76,6 +89,14 @@ async def test_server_stress_run_keeps_every_invariant(synth_model_path):
     for row in result["rounds"]:
         statuses |= set(row["http_statuses"])
     assert {"200", "400", "404"} <= statuses and not any(s.startswith("5") for s in statuses), statuses
+
+
+@pytest.mark.xfail(strict=True, reason="connections closed by clients stay in CLOSE-WAIT until the keep-alive "
+                                       "timeout: tests/test_faults.py::test_connections_closed_by_clients_are_released")
+async def test_server_stress_run_releases_closed_connections(synth_model_path):
+    synth_model_path("llama")
+    result = await server_result()
+    assert [f for f in failed(result) if RELEASED in f] == []
 
 
 async def test_the_engine_run_fails_when_a_step_fails(synth_model_path):
