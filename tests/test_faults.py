@@ -271,15 +271,10 @@ def test_the_server_keeps_idle_connections_longer_than_its_clients_do():
 
 
 @pytest.mark.server
-@pytest.mark.xfail(strict=True, reason=(
-    "Connections a client has closed stay open on the server (CLOSE-WAIT: a socket, an fd and a task "
-    "each) until the keep-alive timeout, now 75 s (skippy/server/serve.py): hypercorn 0.18's trio "
-    "TCPServer.run leaves _read_data on EOF but its TaskGroup then waits for the idle task (restarted "
-    "when the response completed), which sleeps keep_alive_timeout before closing. 100 one-request "
-    "httpx connections to `skippy serve` left 71 sockets in CLOSE-WAIT; at ~14 new connections/s a "
-    "1024-fd limit runs out, and the N=256 stress run's server RSS grew ~1.4 MiB per round until they "
-    "expired. (A client whose FIN arrives before the response cycle completes is not affected.)"))
 async def test_connections_closed_by_clients_are_released():
+    """hypercorn 0.18's trio worker kept a connection its client closed in CLOSE-WAIT until the
+    keep-alive timeout (100 one-request connections left 71 open; the N=256 server run's fds grew
+    9 -> 529); skippy.server._hypercorn_eof closes it when the client's EOF arrives."""
     import os
 
     from skippy.server import create_app, serve_app

@@ -17,7 +17,10 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 from loguru import logger
 
+from . import _hypercorn_eof
 from .app import ServerState
+
+_hypercorn_eof.install()
 
 
 def hypercorn_config(host: str, port: int, *, graceful_timeout: float = 5.0) -> Config:
