@@ -57,7 +57,8 @@ async def run(model: Model, system_tokens: int, sessions: int, gen: int, cache: 
         "prefill_tokens": stats.prefill_tokens, "prompt_tokens": int(sum(p.size for p in prompts)),
         "prefix_hit_tokens": stats.prefix_hits,
         "kv_cells_peak": stats.kv_used_peak.get(ComponentKind.ATTN, 0),
-        "kv_cells_per_session": stats.kv_used_peak.get(ComponentKind.ATTN, 0) / sessions,
+        # per running session: with the cache off, fewer sessions fit the pool at once
+        "kv_cells_per_session": stats.kv_used_peak.get(ComponentKind.ATTN, 0) / max(1, stats.max_running),
         "max_running": stats.max_running, "preemptions": stats.preemptions,
         "wall_s": elapsed, "out_tok_per_s": stats.output_tokens / elapsed,
     }
@@ -72,7 +73,15 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--n-ctx", type=int, default=8192)
     parser.add_argument("--out", type=Path, default=Path("bench/results/prefix-reuse"))
+    parser.add_argument("--render-only", action="store_true", help="rewrite summary and plot from results.json")
     args = parser.parse_args()
+    if args.render_only:
+        saved = json.loads((args.out / "results.json").read_text())
+        for r in saved["rows"]:
+            r["kv_cells_per_session"] = r["kv_cells_peak"] / max(1, r["max_running"])
+        (args.out / "results.json").write_text(json.dumps(saved, indent=2))
+        render(saved["rows"], saved["meta"], args.out)
+        return
 
     rows = []
     with Model(resolve_model(args.model), repack=False) as model:
@@ -90,17 +99,24 @@ def main() -> None:
     meta = {"model": str(resolve_model(args.model).name), "gen": args.gen, "threads": args.threads, "n_ctx": args.n_ctx,
             "machine": platform.processor() or platform.machine(), "command": command}
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
+    render(rows, meta, args.out)
+
+
+def render(rows: list[dict], meta: dict, out: Path) -> None:
+    command = meta["command"]
     lines = [
-        f"# Prefix reuse: shared system prompt, cache off vs on ({meta['model']}, G={args.gen}, {args.threads} threads)",
+        f"# Prefix reuse: shared system prompt, cache off vs on ({meta['model']}, G={meta['gen']}, "
+        f"{meta['threads']} threads, n_ctx {meta['n_ctx']})",
         "", f"Command: `{command}`", "",
-        "| system | N | cache | TTFT p50 s | TTFT p99 s | prompt tokens | computed | hit | KV cells/session | wall s |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| system | N | cache | TTFT p50 s | TTFT p99 s | prompt tokens | computed | hit | max running "
+        "| KV cells peak | cells per running session | wall s |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
         lines.append(
             f"| {r['system']} | {r['N']} | {'on' if r['cache'] else 'off'} | {r['ttft_p50_s']:.2f} | {r['ttft_p99_s']:.2f} "
-            f"| {r['prompt_tokens']} | {r['prefill_tokens']} | {r['prefix_hit_tokens']} "
-            f"| {r['kv_cells_per_session']:.0f} | {r['wall_s']:.1f} |")
+            f"| {r['prompt_tokens']} | {r['prefill_tokens']} | {r['prefix_hit_tokens']} | {r['max_running']} "
+            f"| {r['kv_cells_peak']} | {r['kv_cells_per_session']:.0f} | {r['wall_s']:.1f} |")
     lines += ["", "Ratios (off / on, same run):", ""]
     for on in (r for r in rows if r["cache"]):
         off = next(r for r in rows if not r["cache"] and r["system"] == on["system"] and r["N"] == on["N"])
@@ -108,8 +124,8 @@ def main() -> None:
                      f"p99 {off['ttft_p99_s'] / on['ttft_p99_s']:.1f}x lower; prompt tokens computed "
                      f"{off['prefill_tokens'] / on['prefill_tokens']:.1f}x fewer; KV cells per session "
                      f"{off['kv_cells_per_session'] / on['kv_cells_per_session']:.1f}x fewer")
-    (args.out / "summary.md").write_text("\n".join(lines) + "\n")
-    _plot(rows, args.out / "ttft.png")
+    (out / "summary.md").write_text("\n".join(lines) + "\n")
+    _plot(rows, out / "ttft.png")
     print("\n".join(lines))
 
 
@@ -121,7 +137,7 @@ def _plot(rows: list[dict], path: Path) -> None:
 
     fig, axes = plt.subplots(1, 3, figsize=(14, 4))
     for ax, key, label in zip(axes, ("ttft_p50_s", "prefill_tokens", "kv_cells_per_session"),
-                              ("TTFT p50 (s)", "prompt tokens computed", "KV cells per session (peak)")):
+                              ("TTFT p50 (s)", "prompt tokens computed", "KV cells per running session (peak)")):
         for s in sorted({r["system"] for r in rows}):
             for cache in (False, True):
                 sel = [r for r in rows if r["system"] == s and r["cache"] == cache]
