@@ -45,6 +45,12 @@ async def test_sixteen_sessions_over_one_system_prompt_hold_it_once(family, synt
     assert stats.max_running == 16
 
 
+def _reference(m: Model, p: np.ndarray, n: int = 10) -> list[int]:
+    """Greedy tokens of `p` alone in a fresh batch-invariant context."""
+    with Context(m, ContextOptions(n_ctx=1024, n_batch=64, n_ubatch=64, threads=1, batch_invariant=True)) as ctx:
+        return list(generate_tokens(ctx, p, n))
+
+
 def _runtime(m: Model, **opts) -> ContextRuntime:
     base = dict(n_ctx=1024, n_batch=64, n_ubatch=64, n_seq_max=4, threads=1, batch_invariant=True)
     return ContextRuntime(m, ContextOptions(**{**base, **opts}))
@@ -75,8 +81,7 @@ def test_attention_cells_share_at_any_length(family, synth_model_path):
     rng = np.random.default_rng(1)
     with Model(synth_model_path(family), repack=False) as m:
         p = rng.integers(260, m.n_vocab, size=100).astype(np.int32)
-        with Context(m, ContextOptions(n_ctx=1024, n_batch=64, n_ubatch=64, threads=1, batch_invariant=True)) as ctx:
-            want = list(generate_tokens(ctx, p, 10))
+        want = _reference(m, p)
         rt = _runtime(m)
         try:
             _feed(rt, 0, np.concatenate([p[:70], rng.integers(260, m.n_vocab, size=50).astype(np.int32)]))
@@ -95,8 +100,7 @@ def test_a_recurrent_state_shares_only_whole(family, synth_model_path):
     rng = np.random.default_rng(2)
     with Model(synth_model_path(family), repack=False) as m:
         p = rng.integers(260, m.n_vocab, size=90).astype(np.int32)
-        with Context(m, ContextOptions(n_ctx=1024, n_batch=64, n_ubatch=64, threads=1, batch_invariant=True)) as ctx:
-            want = list(generate_tokens(ctx, p, 10))
+        want = _reference(m, p)
         rt = _runtime(m)
         try:
             _feed(rt, 0, p[:60])
@@ -120,8 +124,7 @@ def test_a_sliding_window_that_moved_on_is_not_shared(synth_model_path):
     with Model(synth_model_path("gemma2"), repack=False) as m:
         n_swa = m.n_swa
         p = rng.integers(260, m.n_vocab, size=40).astype(np.int32)
-        with Context(m, ContextOptions(n_ctx=1024, n_batch=64, n_ubatch=64, threads=1, batch_invariant=True)) as ctx:
-            want = list(generate_tokens(ctx, p, 10))
+        want = _reference(m, p)
         rt = _runtime(m, n_seq_max=2)
         try:
             tail = rng.integers(260, m.n_vocab, size=600).astype(np.int32)

@@ -27,16 +27,18 @@ def model(request, synth_model_path):
         yield name, m
 
 
+def _params(n: int, seeded: bool, first_seed: int) -> list[SamplingParams]:
+    """Greedy, or top-k/top-p sampling with a seed of its own per request."""
+    return [SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=first_seed + i) if seeded else SamplingParams()
+            for i in range(n)]
+
+
 def _workload(name: str, model: Model, seeded: bool, shortest: int = 4, longest: int = 60):
     rng = np.random.default_rng(11)
     low, high = (1000, 20000) if name in REAL else (260, model.n_vocab)
     lengths = rng.permutation(np.linspace(shortest, longest, N_REQUESTS).astype(int))
     prompts = [rng.integers(low, high, size=n).astype(np.int32) for n in lengths]
-    params = [
-        SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=1000 + i) if seeded else SamplingParams()
-        for i in range(N_REQUESTS)
-    ]
-    return prompts, params
+    return prompts, _params(N_REQUESTS, seeded, 1000)
 
 
 def _solo(model: Model, threads: int, prompts, params, max_tokens: int) -> list[list[int]]:
@@ -112,11 +114,7 @@ def _prefix_workload(name: str, model: Model, seeded: bool):
     system = rng.integers(low, high, size=40).astype(np.int32)
     prompts = [np.concatenate([system, rng.integers(low, high, size=n).astype(np.int32)]) for n in (4, 9, 6, 12, 5, 8)]
     prompts += [np.concatenate([prompts[i], rng.integers(low, high, size=7).astype(np.int32)]) for i in (0, 1)]
-    params = [
-        SamplingParams(temperature=0.8, top_k=40, top_p=0.95, seed=2000 + i) if seeded else SamplingParams()
-        for i in range(len(prompts))
-    ]
-    return prompts, params
+    return prompts, _params(len(prompts), seeded, 2000)
 
 
 @pytest.mark.parametrize("seeded", [False, True], ids=["greedy", "seeded"])
