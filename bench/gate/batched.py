@@ -20,9 +20,14 @@ from .engines import ServerConfig
 def batched_argv(tool: Path, cfg: ServerConfig, pp: int, tg: int, batches: Sequence[int]) -> list[str]:
     # the context must hold every sequence of the largest batch, or the tool skips that batch
     n_ctx = max(cfg.n_ctx, max(batches) * (pp + tg) + 16)
+    # The tool prints through llama.cpp's asynchronous logger, whose queue is never flushed at exit
+    # (common_log_main() is a leaked singleton): lines queued just before exit are lost, often all of
+    # them on a tiny model. A last, sacrificial run of the smallest batch keeps the process alive while
+    # the real lines are written; its own line, if any, is ignored (parse keeps a size's first row).
+    plan = [*batches, min(batches)]
     return [str(tool), "-m", str(cfg.model.path), "-c", str(n_ctx), "-b", str(cfg.n_batch), "-ub", str(cfg.n_batch),
             "-t", str(cfg.threads), "-tb", str(cfg.threads), "-kvu", "-npp", str(pp), "-ntg", str(tg),
-            "-npl", ",".join(str(b) for b in batches), "--output-format", "jsonl"]
+            "-npl", ",".join(str(b) for b in plan), "--output-format", "jsonl"]
 
 
 def parse_jsonl(text: str) -> list[dict[str, Any]]:
@@ -47,9 +52,8 @@ async def _run_once(argv: list[str], timeout: float) -> tuple[int, str]:
 
 async def run_batched_bench(tool: Path, cfg: ServerConfig, pp: int, tg: int, batches: Sequence[int],
                             log: Path, timeout: float, attempts: int = 3) -> dict[str, Any]:
-    """Rows per batch size, or the error; never raises for a failed tool run. The tool logs
-    through llama.cpp's asynchronous logger, which now and then loses a result line at exit,
-    so batch sizes without a row are run again (up to `attempts` times in all)."""
+    """Rows per batch size, or the error; never raises for a failed tool run. Batch sizes still
+    without a row (see batched_argv: lines lost at exit) are run again, up to `attempts` times."""
     entry: dict[str, Any] = {"pp": pp, "tg": tg, "argv": batched_argv(tool, cfg, pp, tg, batches), "rows": []}
     rows: dict[int, dict[str, Any]] = {}
     outputs, missing, code = [], list(batches), 0
@@ -60,7 +64,9 @@ async def run_batched_bench(tool: Path, cfg: ServerConfig, pp: int, tg: int, bat
             entry["error"] = f"{type(exc).__name__}: {exc}"
             break
         outputs.append(text)
-        rows.update({int(r["pl"]): r for r in parse_jsonl(text) if int(r["pl"]) in missing})
+        for r in parse_jsonl(text):  # the first row of each size: a later one is the sacrificial run
+            if int(r["pl"]) in missing and int(r["pl"]) not in rows:
+                rows[int(r["pl"])] = r
         missing = [b for b in batches if b not in rows]
         if not missing or code != 0:
             break
