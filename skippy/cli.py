@@ -118,18 +118,14 @@ def _add_sizing_options(parser: argparse.ArgumentParser) -> None:
 def _plan(args: argparse.Namespace) -> int:
     import json
 
-    from ._plan import plan_for
-    from .engine import EngineConfig, _prefix_fraction, _reserved
+    from .engine import EngineConfig, plan_engine
     from .native import Model
 
     path = _resolve_checked(args)
     cfg = EngineConfig(**_sizing_config(args), **_prefix_config(args))
     options = {"n_batch": args.n_batch, "n_ubatch": args.n_batch, "threads": 1, "batch_invariant": True}
-    n_ctx = cfg.n_ctx if cfg.n_ctx is not None else (None if cfg.memory_bytes is not None else 4096)
     with Model(path, repack=False) as model:
-        plan = plan_for(model, options, n_ctx=n_ctx, requested=cfg.n_seq_max, reserved=_reserved(cfg),
-                        floor_ctx_per_session=cfg.floor_ctx_per_session, memory_bytes=cfg.memory_bytes,
-                        prefix_fraction=_prefix_fraction(cfg, n_ctx))
+        plan = plan_engine(model, cfg, options)
         arch = model.arch
     from .families import kv_class
 

@@ -69,7 +69,6 @@ class EngineConfig:
 
 def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
     """A Runtime for `model` (path, name, Model, or a Runtime itself) and its lane plan."""
-    from ._plan import plan_for
     from .families import KvClass
     from .native import ContextOptions, Model
 
@@ -97,10 +96,7 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
         base.update(cfg.context_options)
         if not base.get("kv_unified", True):
             raise InvalidInputError("the scheduler needs unified KV (one shared cell pool); kv_unified=False is not supported")
-        n_ctx = cfg.n_ctx if cfg.n_ctx is not None else (None if cfg.memory_bytes is not None else 4096)
-        plan = plan_for(m, base, n_ctx=n_ctx, requested=cfg.n_seq_max, reserved=_reserved(cfg),
-                        floor_ctx_per_session=cfg.floor_ctx_per_session, memory_bytes=cfg.memory_bytes,
-                        prefix_fraction=_prefix_fraction(cfg, n_ctx), measure=False)
+        plan = plan_engine(m, cfg, base, measure=False)
         base["n_ctx"] = plan.n_ctx
         runtime = ContextRuntime(m, ContextOptions(**{**base, "n_seq_max": plan.n_seq_max}), own_model=own)
     except BaseException:
@@ -110,6 +106,16 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
     logger.info("engine: {} n_ctx={} n_batch={} ceiling={} ({})", m.arch, runtime.n_ctx, runtime.n_batch,
                 plan.ceiling, plan.reason)
     return runtime, plan
+
+
+def plan_engine(model: Any, cfg: EngineConfig, options: Mapping[str, Any], *, measure: bool = True) -> LanePlan:
+    """The lane plan of `cfg` over a loaded Model: what open_engine uses and `skippy plan` prints."""
+    from ._plan import plan_for
+
+    n_ctx = cfg.n_ctx if cfg.n_ctx is not None else (None if cfg.memory_bytes is not None else 4096)
+    return plan_for(model, options, n_ctx=n_ctx, requested=cfg.n_seq_max, reserved=_reserved(cfg),
+                    floor_ctx_per_session=cfg.floor_ctx_per_session, memory_bytes=cfg.memory_bytes,
+                    prefix_fraction=_prefix_fraction(cfg, n_ctx), measure=measure)
 
 
 def _reserved(cfg: EngineConfig) -> int:

@@ -7,7 +7,6 @@ for scheduler-logic tests only (anything about llama.cpp behaviour is tested on 
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Protocol, Sequence
@@ -18,6 +17,7 @@ import numpy as np
 from .families import KvClass, kv_class
 from .kv import Ledger
 from .native import Batch, Context, ContextOptions, Model
+from .native._source import sha256_file
 from .sampling import Sampler
 from .scheduling.prefix import identity_seed
 
@@ -32,8 +32,7 @@ def file_digest(path: Path) -> str:
     st = os.stat(path)
     key = (str(Path(path).resolve()), st.st_size, st.st_mtime_ns)
     if key not in _digests:
-        with open(path, "rb") as f:
-            _digests[key] = hashlib.file_digest(f, "sha256").hexdigest()
+        _digests[key] = sha256_file(path)
     return _digests[key]
 
 

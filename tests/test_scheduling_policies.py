@@ -298,3 +298,11 @@ def test_sample_rows_matches_each_requests_own_sampler():
     got = sample_rows(logits, [Sampler(p) for p in params])
     want = [Sampler(p)(logits[i]) for i, p in enumerate(params)]
     assert got.tolist() == want
+
+
+def test_a_derived_pool_leaves_the_budget_room_for_its_own_lanes():
+    """Maximising the pool alone would spend a hybrid's budget on cells and leave it one lane."""
+    costs = MemoryCosts(attn_bytes_per_cell=1000.0, recurrent_bytes_per_seq=100_000.0)
+    plan = plan_lanes(KvClass.SSM_HYBRID, None, 512, costs=costs, memory_bytes=10_000_000)
+    assert "memory" not in plan.reason and plan.ceiling == (plan.n_ctx - plan.prefix_budget_tokens) // 128
+    assert plan.total_bytes <= 10_000_000 and plan.ceiling > 1

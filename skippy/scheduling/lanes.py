@@ -138,14 +138,17 @@ def _plan(kv_class: KvClass, n_ctx: int, n_batch: int, requested: int | None, re
 
 def _largest_ctx(kv_class: KvClass, n_batch: int, requested: int | None, reserved: int, floor: int,
                  costs: MemoryCosts, memory: int, n_ubatch: int, prefix_fraction: float, max_ctx: int) -> int:
-    """The largest n_ctx (a multiple of 256) whose plan fits the budget: bisection, plans grow with n_ctx."""
+    """The largest n_ctx (a multiple of 256) whose plan fits the budget with every lane the pool
+    supports (bisection, plans grow with n_ctx): a bigger pool that leaves the budget too short for
+    its own lanes (recurrent states, window cells) is not better."""
 
     def fits(n_ctx: int) -> bool:
         try:
-            _plan(kv_class, n_ctx, n_batch, requested, reserved, floor, costs, memory, n_ubatch, prefix_fraction)
+            plan = _plan(kv_class, n_ctx, n_batch, requested, reserved, floor, costs, memory, n_ubatch,
+                         prefix_fraction)
         except PlanError:
             return False
-        return True
+        return "memory" not in plan.reason or n_ctx == PAD
 
     lo, hi = 0, max_ctx // PAD
     if not fits(PAD):
