@@ -1,6 +1,6 @@
 """The only code that touches llama.cpp: build, cffi bindings and safe wrappers."""
 
-from ._build import BuildFlags, NativeBuild, ensure_built, locate
+from ._build import BuildFlags, NativeBuild, ensure_built, ensure_stock_tools, locate
 from .batch import Batch
 from .context import Context, ContextOptions
 from .model import Model
@@ -17,6 +17,7 @@ __all__ = [
     "TextStream",
     "Tokenizer",
     "ensure_built",
+    "ensure_stock_tools",
     "locate",
     "probe_model",
 ]

@@ -176,6 +176,26 @@ def ensure_built(flags: BuildFlags | None = None, tools: bool = False, progress:
     return build
 
 
+def ensure_stock_tools(flags: BuildFlags | None = None, progress: bool = True) -> NativeBuild:
+    """The pinned llama.cpp with none of our patches, tools only: the baseline the attention
+    bench compares against. No extension: our cdef needs the patched API."""
+    flags = flags or BuildFlags()
+    build = NativeBuild(cache_root() / "native" / f"stock-{build_key(flags, [])}")
+    if build.read_stamp().get("tools"):
+        return build
+    with _locked(build.root.parent / f"{build.root.name}.lock"):
+        stamp = build.read_stamp()
+        if not stamp.get("lib"):
+            _build_library(build, flags, progress, patches=[])
+            stamp = {"lib": True, "flags": attrs.asdict(flags), "patches": []}
+            _write_stamp(build, stamp)
+        if not stamp.get("tools"):
+            _cmake_build(build, list(TOOL_TARGETS), progress, "stock llama-server + llama-batched-bench")
+            stamp["tools"] = True
+            _write_stamp(build, stamp)
+    return build
+
+
 def _ensure_dev_built(build: NativeBuild, tools: bool, progress: bool) -> NativeBuild:
     if not (build.src / "include" / "llama.h").exists() or not build.build_dir.is_dir():
         raise NativeBuildError(f"SKIPPY_LLAMA_DEV_TREE={build.root} needs src/ and a configured build/")
@@ -210,12 +230,12 @@ def _write_stamp(build: NativeBuild, stamp: dict) -> None:
     os.replace(tmp, build.stamp)
 
 
-def _build_library(build: NativeBuild, flags: BuildFlags, progress: bool) -> None:
+def _build_library(build: NativeBuild, flags: BuildFlags, progress: bool, patches: list[Path] | None = None) -> None:
     build.root.mkdir(parents=True, exist_ok=True)
     sdist = _source.fetch_sdist(cache_root() / "downloads")
     logger.info("extracting llama.cpp {} into {}", _source.PIN.commit, build.src)
     _source.extract_vendor_tree(sdist, build.src)
-    _source.apply_patches(build.src, _source.patch_files())
+    _source.apply_patches(build.src, _source.patch_files() if patches is None else patches)
     shutil.rmtree(build.build_dir, ignore_errors=True)
     _run_logged(
         ["cmake", "-S", str(build.src), "-B", str(build.build_dir), *flags.cmake_args()],

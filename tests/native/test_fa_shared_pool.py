@@ -1,0 +1,105 @@
+"""Patch 0004: flash attention over one pool shared by many sequences visits only each row's
+own cells. Its exactness claim (the row kernel gives the same bytes) is checked against the
+upstream walk, which SKIPPY_FA_SCAN_ALL=1 restores in the same build, at kernel level and on
+real models' logits; its kernel choice (the row kernel instead of the tiled one over an
+interleaved pool) is checked against a double-precision reference.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.native
+
+HERE = Path(__file__).parent
+HARNESS = HERE / "fa_shared_pool.c"
+CHILD = HERE / "_fa_logits.py"
+
+
+def _env(scan_all: bool) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("SKIPPY_FA_SCAN_ALL", None)
+    if scan_all:
+        env["SKIPPY_FA_SCAN_ALL"] = "1"
+    return env
+
+
+@pytest.fixture(scope="module")
+def kernel_runs(native_build, tmp_path_factory) -> dict[bool, dict[str, tuple[str, float]]]:
+    """{scan_all: {case: (output hash, worst error vs the double reference)}}"""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.fail("a C compiler is needed to build the kernel harness (the native build needs one too)")
+    exe = tmp_path_factory.mktemp("harness") / "fa_shared_pool"
+    lib = native_build.lib_dir
+    subprocess.run(
+        [cc, "-O2", str(HARNESS), f"-I{native_build.src / 'ggml' / 'include'}", f"-L{lib}",
+         "-lggml", "-lggml-base", "-lggml-cpu", "-lm", f"-Wl,-rpath,{lib}", "-o", str(exe)],
+        check=True, capture_output=True, text=True,
+    )
+    runs = {}
+    for scan_all in (False, True):
+        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=300,
+                             env=_env(scan_all)).stdout
+        rows = {}
+        for line in out.splitlines():
+            case, digest, worst = line.split()
+            rows[case] = (digest, float(worst))
+        runs[scan_all] = rows
+    assert runs[False].keys() == runs[True].keys() and len(runs[False]) == 52
+    return runs
+
+
+def _tiled_candidate(case: str) -> bool:
+    """Cases where upstream takes the tiled kernel: 64+ queries outside batch-invariant mode."""
+    return "_q96_" in case and "_default_" in case
+
+
+def test_row_kernel_outputs_are_the_same_bytes_as_the_upstream_walk(kernel_runs):
+    exact = [case for case in kernel_runs[False] if not (_tiled_candidate(case) and "_interleaved_" in case)]
+    assert len(exact) == 47
+    for case in exact:
+        assert kernel_runs[False][case][0] == kernel_runs[True][case][0], case
+
+
+def test_an_interleaved_pool_takes_the_row_kernel_and_a_band_keeps_the_tiled_one(kernel_runs):
+    """Over an interleaved pool the tiled kernel would compute every tile: the patch switches to
+    the row kernel (other bytes: fp16 accumulation); a prompt band keeps the tiled kernel."""
+    for case in kernel_runs[False]:
+        if _tiled_candidate(case):
+            same = kernel_runs[False][case][0] == kernel_runs[True][case][0]
+            assert same == ("_band_" in case), case
+
+
+@pytest.mark.parametrize("scan_all", [False, True], ids=["patched", "upstream-walk"])
+def test_every_case_matches_the_double_precision_reference(kernel_runs, scan_all):
+    for case, (_, worst) in kernel_runs[scan_all].items():
+        assert worst < 5e-3, (case, worst)
+
+
+def _logits_digest(path: Path, invariant: bool, n_ubatch: int, scan_all: bool) -> str:
+    out = subprocess.run(
+        [sys.executable, str(CHILD), str(path), "1" if invariant else "0", str(n_ubatch)],
+        check=True, capture_output=True, text=True, timeout=600, env=_env(scan_all),
+    ).stdout
+    return out.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("name", ["llama", "gemma2", "deepseek2", "falcon-h1", "qwen3next", "smollm2", "gemma3"])
+def test_batch_invariant_logits_are_unchanged(name, request, synth_model_path):
+    """Batch-invariant mode always takes the row kernel, walking cells in kv_order."""
+    path = request.getfixturevalue(f"{name}_path") if name in ("smollm2", "gemma3") else synth_model_path(name)
+    assert _logits_digest(path, True, 512, False) == _logits_digest(path, True, 512, True)
+
+
+@pytest.mark.parametrize("name", ["smollm2", "gemma3"])
+def test_default_mode_logits_are_unchanged_below_the_tiled_threshold(name, request):
+    """Ubatches of 32 never reach the tiled kernel, so only the cell walk differs."""
+    path = request.getfixturevalue(f"{name}_path")
+    assert _logits_digest(path, False, 32, False) == _logits_digest(path, False, 32, True)

@@ -1,0 +1,57 @@
+"""Patch 0005: the fp16 vector tails give the scalar loops' bytes on this machine's branch, for
+every head size in our models (64, 80, 128, 256) and the odd sizes around the vector widths.
+The harness is compiled with ggml-cpu's own flags, read from the build, so its reference loops
+are contracted (or not) into FMAs exactly as the library's scalar loop is."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.native
+
+HARNESS = Path(__file__).with_name("vec_f16_tails.cpp")
+HEAD_SIZES = (64, 80, 128, 256)
+
+
+def _ggml_cpu_flags(build) -> list[str]:
+    flags = build.build_dir / "ggml" / "src" / "CMakeFiles" / "ggml-cpu.dir" / "flags.make"
+    values = dict(re.findall(r"^(CXX_DEFINES|CXX_INCLUDES|CXX_FLAGS) = (.*)$", flags.read_text(), re.M))
+    return [*values["CXX_DEFINES"].split(), *values["CXX_INCLUDES"].split(), *values["CXX_FLAGS"].split()]
+
+
+@pytest.fixture(scope="module")
+def measured(native_build, tmp_path_factory) -> dict[tuple[str, int], float]:
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.fail("a C++ compiler is needed to build the vector harness (the native build needs one too)")
+    exe = tmp_path_factory.mktemp("harness") / "vec_f16_tails"
+    lib = native_build.lib_dir
+    subprocess.run(
+        [cxx, *_ggml_cpu_flags(native_build), str(HARNESS), f"-L{lib}", "-lggml-cpu", "-lggml-base",
+         f"-Wl,-rpath,{lib}", "-o", str(exe)],
+        check=True, capture_output=True, text=True,
+    )
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=120).stdout
+    rows = {}
+    for line in out.splitlines():
+        check, n, value = line.split()
+        rows[(check, int(n))] = float(value)
+    assert {n for _, n in rows} >= set(HEAD_SIZES)
+    return rows
+
+
+@pytest.mark.parametrize("check", ["mad_tail", "mad", "scale_tail", "scale"])
+def test_tails_are_the_scalar_loops_bytes(measured, check):
+    bad = {n: int(v) for (c, n), v in measured.items() if c == check and v != 0}
+    assert bad == {}, f"{check}: elements differing from the scalar loop, by size: {bad}"
+
+
+def test_dot_is_deterministic_and_accurate(measured):
+    assert all(v == 0 for (c, _), v in measured.items() if c == "dot_unstable")
+    worst = max(v for (c, _), v in measured.items() if c == "dot_error")
+    assert worst < 1e-5  # relative to sum |x*y|: fp32 accumulation of fp16 products
