@@ -21,8 +21,8 @@ def native_build():
 def synth_model_path(native_build):
     from skippy.models import synthetic_model
 
-    def get(family: str, seed: int = 0) -> Path:
-        return synthetic_model(family, seed)
+    def get(family: str, seed: int = 0, deep: bool = False) -> Path:
+        return synthetic_model(family, seed, deep=deep)
 
     return get
 

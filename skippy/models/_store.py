@@ -10,14 +10,16 @@ from . import synth
 from ._fetch import DEFAULT_MODEL, REAL_MODELS, real_model
 
 
-def synthetic_model(family: str, seed: int = 0) -> Path:
-    """The tiny model of a family, written once per (family, seed, generator version)."""
+def synthetic_model(family: str, seed: int = 0, deep: bool = False) -> Path:
+    """The tiny model of a family, written once per (family, seed, depth, generator version).
+    `deep`: enough layers to split into three stages."""
     if family not in synth.FAMILIES:
         raise ModelLoadError(f"unknown family {family!r}; known: {', '.join(synth.FAMILIES)}")
-    path = cache_root() / "models" / "synth" / f"{family}-s{seed}-v{synth.GENERATOR_VERSION}.gguf"
+    depth = "-deep" if deep else ""
+    path = cache_root() / "models" / "synth" / f"{family}{depth}-s{seed}-v{synth.GENERATOR_VERSION}.gguf"
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        synth.write_synthetic(family, path, seed=seed)
+        synth.write_synthetic(family, path, seed=seed, deep=deep)
     return path
 
 

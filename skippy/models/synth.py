@@ -76,9 +76,10 @@ def _vocab() -> tuple[list[str], list[float], list[int]]:
 class _Model:
     """A GGUFWriter plus seeded tensor helpers; tensor shapes are given in ggml order."""
 
-    def __init__(self, arch: str, seed: int) -> None:
+    def __init__(self, arch: str, seed: int, n_layer: int) -> None:
         self.arch = arch
         self.seed = seed
+        self.n_layer = n_layer
         self.writer = gguf.GGUFWriter(None, arch)
 
     def hparams(self, values: dict[str, int | float | bool]) -> None:
@@ -187,7 +188,7 @@ def _swiglu_ffn(m: _Model, i: int, n_ff: int = N_FF, suffix: str = "") -> None:
 
 def _build_llama(m: _Model) -> None:
     """Dense GQA: 4 query heads share 2 KV heads."""
-    n_layer = 2
+    n_layer = m.n_layer
     _common(m, n_layer=n_layer)
     for i in range(n_layer):
         m.norm(f"blk.{i}.attn_norm.weight", N_EMBD)
@@ -197,8 +198,8 @@ def _build_llama(m: _Model) -> None:
 
 
 def _build_gemma2(m: _Model) -> None:
-    """ISWA: layer 0 sliding-window (8 tokens), layer 1 global; tied embeddings."""
-    n_layer = 2
+    """ISWA: even layers sliding-window (8 tokens), odd layers global; tied embeddings."""
+    n_layer = m.n_layer
     _common(m, n_layer=n_layer, tied=True)  # gemma2 never reads output.weight: it must be absent
     m.hparams({
         "attention.sliding_window": 8,
@@ -218,7 +219,7 @@ def _build_gemma2(m: _Model) -> None:
 
 def _build_deepseek2(m: _Model) -> None:
     """MLA, all layers dense: the cache holds one 576-wide K row (latent + rope) per token."""
-    n_layer, n_head = 2, 2
+    n_layer, n_head = m.n_layer, 2
     kv_lora_rank, n_rot = 512, 64
     k_mla, v_mla = 128, 64  # per-head q/k = 64 nope + 64 rope; per-head v = 64
     _common(
@@ -249,7 +250,7 @@ def _build_deepseek2(m: _Model) -> None:
 
 def _build_falcon_h1(m: _Model) -> None:
     """Every layer runs attention and a Mamba2 mixer in parallel (KV cache + recurrent state)."""
-    n_layer = 2
+    n_layer = m.n_layer
     d_conv, d_inner, d_state, n_ssm_head, n_group = 4, 128, 128, 8, 1
     conv_dim = d_inner + 2 * n_group * d_state
     _common(m, n_layer=n_layer)
@@ -277,8 +278,8 @@ def _build_falcon_h1(m: _Model) -> None:
 
 
 def _build_qwen3next(m: _Model) -> None:
-    """Layers 0 and 2 are gated delta-net (recurrent), 1 and 3 gated attention; MoE FFN."""
-    n_layer, interval = 4, 2
+    """Even layers are gated delta-net (recurrent), odd layers gated attention; MoE FFN."""
+    n_layer, interval = m.n_layer, 2
     d_conv, d_state, n_k_head, n_v_head = 4, 32, 2, 4
     key_dim, value_dim = d_state * n_k_head, d_state * n_v_head
     n_expert, n_ff_exp, n_ff_shexp = 4, 64, 128
@@ -330,10 +331,15 @@ _BUILDERS: dict[str, Callable[[_Model], None]] = {
 assert tuple(_BUILDERS) == FAMILIES
 
 
-def write_synthetic(family: str, path: os.PathLike[str] | str, seed: int = 0) -> pathlib.Path:
+# layers of each family's model; `deep` variants have enough layers to split into 3 stages
+N_LAYER: dict[str, int] = {"llama": 2, "gemma2": 2, "deepseek2": 2, "falcon-h1": 2, "qwen3next": 4}
+N_LAYER_DEEP: dict[str, int] = {"llama": 6, "gemma2": 6, "deepseek2": 6, "falcon-h1": 6, "qwen3next": 8}
+
+
+def write_synthetic(family: str, path: os.PathLike[str] | str, seed: int = 0, deep: bool = False) -> pathlib.Path:
     """Write the tiny model for `family` to `path` (atomically: temp file + os.replace).
 
-    Same (family, seed, GENERATOR_VERSION) -> byte-identical file. Unknown family ->
+    Same (family, seed, deep, GENERATOR_VERSION) -> byte-identical file. Unknown family ->
     ValueError naming the valid ones.
     """
     if family not in _BUILDERS:
@@ -342,7 +348,7 @@ def write_synthetic(family: str, path: os.PathLike[str] | str, seed: int = 0) ->
         raise ValueError(f"seed must be a non-negative int, got {seed!r}")
 
     out = pathlib.Path(path)
-    model = _Model(family, seed)
+    model = _Model(family, seed, (N_LAYER_DEEP if deep else N_LAYER)[family])
     _BUILDERS[family](model)
 
     fd, tmp = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".tmp", dir=out.parent)

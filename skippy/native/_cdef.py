@@ -28,6 +28,8 @@ enum llama_flash_attn_type {
 
 struct llama_model_params {
     int32_t n_gpu_layers;
+    int32_t layer_begin;
+    int32_t layer_end;
     bool vocab_only;
     bool use_extra_bufts;
     ...;
@@ -105,6 +107,7 @@ int32_t llama_model_n_swa(const struct llama_model * model);
 int32_t llama_model_meta_val_str(const struct llama_model * model, const char * key, char * buf, size_t buf_size);
 int32_t llama_model_desc(const struct llama_model * model, char * buf, size_t buf_size);
 uint64_t llama_model_size(const struct llama_model * model);
+uint64_t llama_model_loaded_size(const struct llama_model * model);
 uint64_t llama_model_n_params(const struct llama_model * model);
 const char * llama_model_chat_template(const struct llama_model * model, const char * name);
 bool llama_model_is_recurrent(const struct llama_model * model);
@@ -136,6 +139,7 @@ size_t llama_state_seq_set_data(struct llama_context * ctx, const uint8_t * src,
 
 int32_t llama_decode(struct llama_context * ctx, struct llama_batch batch);
 float * llama_get_logits(struct llama_context * ctx);
+float * llama_get_embeddings(struct llama_context * ctx);
 
 /* ours, in the extension's C source */
 extern "Python" void skippy_log_callback(enum ggml_log_level level, const char * text, void * user_data);

@@ -23,6 +23,8 @@ class Batch:
         self.seq_ids = np.zeros(capacity, dtype=np.int32)
         self.outputs = np.zeros(capacity, dtype=np.int8)
         self._n_seq_id = np.ones(capacity, dtype=np.int32)
+        self.hidden: np.ndarray | None = None  # (capacity, n_embd) f32 once set_hidden is used
+        self.carries_hidden = False
         self.n_tokens = 0
         self._struct: Any = None
 
@@ -64,7 +66,35 @@ class Batch:
                 raise InvalidBatchError(f"outputs has shape {out.shape}, expected ({n},)")
             self.outputs[:n] = out.astype(bool)
         self.n_tokens = n
+        self.carries_hidden = False
         return self
+
+    def set_hidden(
+        self,
+        hidden: ArrayLike,
+        positions: ArrayLike,
+        seq_ids: ArrayLike | int,
+        outputs: ArrayLike | None = None,
+    ) -> "Batch":
+        """Load hidden states (n_tokens, n_embd) instead of tokens: the input of a stage after the
+        first (the previous stage's residual stream). f16 rows are widened to f32."""
+        h = np.asarray(hidden)
+        if h.ndim != 2 or h.shape[0] == 0 or h.shape[1] == 0:
+            raise InvalidBatchError(f"hidden states must be a non-empty (n_tokens, n_embd) array, got shape {h.shape}")
+        if h.dtype not in (np.float32, np.float16):
+            raise InvalidBatchError(f"hidden states must be float32 or float16, got {h.dtype}")
+        n, width = h.shape
+        self.set(np.zeros(n, dtype=np.int32), positions, seq_ids, outputs)  # checks positions, seq ids, outputs
+        if self.hidden is None or self.hidden.shape[1] != width:
+            self.hidden = np.zeros((self.capacity, width), dtype=np.float32)
+            self._struct = None
+        self.hidden[:n] = h
+        self.carries_hidden = True
+        return self
+
+    @property
+    def n_embd(self) -> int:
+        return 0 if self.hidden is None else self.hidden.shape[1]
 
     @property
     def n_outputs(self) -> int:
@@ -91,11 +121,18 @@ class Batch:
                 ffi.from_buffer("int8_t[]", self.outputs),
             )
             batch.token, batch.pos, batch.n_seq_id, batch.logits = self._views
-            batch.embd = ffi.NULL
+            self._hidden_view = ffi.NULL if self.hidden is None else ffi.from_buffer("float[]", self.hidden)
             batch.seq_id = self._seq_ptrs
             self._struct = batch
+        # one struct, two kinds of input: llama.cpp reads embd when token is NULL
+        self._struct.token = ffi_null() if self.carries_hidden else self._views[0]
+        self._struct.embd = self._hidden_view if self.carries_hidden else ffi_null()
         self._struct.n_tokens = self.n_tokens
         return self._struct[0]
+
+
+def ffi_null() -> Any:
+    return _lib.load()[0].NULL
 
 
 def last_index_per_sequence(seq_ids: np.ndarray) -> np.ndarray:

@@ -101,6 +101,7 @@ class Context:
         self.n_ctx = int(lib.llama_n_ctx(ptr))
         self.n_batch = int(lib.llama_n_batch(ptr))
         self.n_seq_max = int(lib.llama_n_seq_max(ptr))
+        self._returns_hidden = model.returns_hidden
         model._contexts.add(self)
 
     # -- lifetime ------------------------------------------------------------
@@ -138,7 +139,8 @@ class Context:
     # -- decode --------------------------------------------------------------
 
     def decode(self, batch: Batch) -> np.ndarray:
-        """Run one llama_decode; returns the output rows' logits, shape (n_outputs, n_vocab).
+        """Run one llama_decode; returns the output rows' logits, shape (n_outputs, n_vocab), or
+        for a stage before the last every token's hidden state, shape (n_tokens, n_embd).
 
         The array is a zero-copy, read-only view into llama.cpp's buffer: it is
         valid until the next decode on this context. Copy what you keep.
@@ -152,6 +154,8 @@ class Context:
             self._abort_flag[0] = 0
             if code != 0:
                 raise _decode_error(code)
+            if self._returns_hidden:
+                return self._hidden_rows(ptr, batch.n_tokens)
             n_out = batch.n_outputs
             if n_out == 0:
                 return np.empty((0, self.n_vocab), dtype=np.float32)
@@ -163,6 +167,17 @@ class Context:
         finally:
             self._guard.release()
 
+    def _hidden_rows(self, ptr: Any, n_tokens: int) -> np.ndarray:
+        """A stage before the last: every token's residual stream, (n_tokens, n_embd), the next
+        stage's input. Same zero-copy, read-only terms as logits."""
+        n_embd = self.model.n_embd
+        rows = self._lib.llama_get_embeddings(ptr)
+        if rows == self._ffi.NULL:
+            raise ContextError("llama.cpp returned no hidden states for a stage before the last")
+        view = np.frombuffer(self._ffi.buffer(rows, n_tokens * n_embd * 4), dtype=np.float32).reshape(n_tokens, n_embd)
+        view.flags.writeable = False
+        return view
+
     def abort(self) -> None:
         """Make the running (or next) decode return early with DecodeAbortedError. Thread-safe."""
         self._abort_flag[0] = 1
@@ -173,8 +188,13 @@ class Context:
             raise InvalidBatchError("batch is empty")
         if n > self.n_batch:
             raise InvalidBatchError(f"{n} tokens exceed n_batch {self.n_batch}")
+        if batch.carries_hidden != self.model.takes_hidden:
+            want = "hidden states (Batch.set_hidden)" if self.model.takes_hidden else "tokens"
+            raise InvalidBatchError(f"this model computes layers {self.model.layers}: its input is {want}")
+        if batch.carries_hidden and batch.n_embd != self.model.n_embd:
+            raise InvalidBatchError(f"hidden states are {batch.n_embd} wide, the model's n_embd is {self.model.n_embd}")
         tokens = batch.tokens[:n]
-        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+        if not batch.carries_hidden and (tokens.min() < 0 or tokens.max() >= self.n_vocab):
             bad = int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])
             raise InvalidBatchError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
         seq = batch.seq_ids[:n]

@@ -17,20 +17,30 @@ if TYPE_CHECKING:
 
 
 class Model:
-    def __init__(self, path: os.PathLike[str] | str, *, n_gpu_layers: int = 0, repack: bool = True) -> None:
+    def __init__(self, path: os.PathLike[str] | str, *, n_gpu_layers: int = 0, repack: bool = True,
+                 layers: tuple[int, int] | None = None) -> None:
         """`repack=False` keeps weights in their file layout: the repacked CPU kernels
-        process columns in groups, so batch-invariant serving loads without them."""
+        process columns in groups, so batch-invariant serving loads without them.
+        `layers=(a, b)` loads a stage: layers [a, b) only (patch 0006); a stage after the first
+        takes hidden states, one before the last returns them (see Context.decode)."""
         self.path = Path(path)
         self.arch = check_gguf(self.path)
         self._ffi, self._lib = _lib.load()
         params = self._lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_extra_bufts = repack
+        if layers is not None:
+            begin, end = layers
+            if not (0 <= begin < end):
+                raise InvalidInputError(f"layer range [{begin}, {end}) is empty or negative")
+            params.layer_begin, params.layer_end = begin, end
         self.repack = repack
         ptr = self._lib.llama_model_load_from_file(os.fsencode(self.path), params)
         if ptr == self._ffi.NULL:
-            raise ModelLoadError(f"llama.cpp could not load {self.path} (arch {self.arch!r}); see the log above")
+            what = f" as a stage of layers [{layers[0]}, {layers[1]})" if layers else ""
+            raise ModelLoadError(f"llama.cpp could not load {self.path} (arch {self.arch!r}){what}; see the log above")
         self._ptr: Any = ptr
+        self.layers: tuple[int, int] = layers if layers is not None else (0, self._int("llama_model_n_layer"))
         self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()
         self.tokenizer = Tokenizer(self, self._ffi, self._lib)
 
@@ -87,6 +97,16 @@ class Model:
         return self._int("llama_model_n_layer")
 
     @property
+    def takes_hidden(self) -> bool:
+        """A stage after the first: its input is the previous stage's hidden states."""
+        return self.layers[0] > 0
+
+    @property
+    def returns_hidden(self) -> bool:
+        """A stage before the last: decode returns hidden states, not logits."""
+        return self.layers[1] < self.n_layer
+
+    @property
     def n_head(self) -> int:
         return self._int("llama_model_n_head")
 
@@ -101,6 +121,11 @@ class Model:
     @property
     def size_bytes(self) -> int:
         return self._int("llama_model_size")
+
+    @property
+    def loaded_bytes(self) -> int:
+        """Bytes of the weights this model holds: a stage's share, not the file's total."""
+        return self._int("llama_model_loaded_size")
 
     @property
     def n_params(self) -> int:
