@@ -1,10 +1,14 @@
-"""Patch 0005: the fp16 vector tails give the scalar loops' bytes on this machine's branch, for
-every head size in our models (64, 80, 128, 256) and the odd sizes around the vector widths.
-The harness is compiled with ggml-cpu's own flags, read from the build, so its reference loops
-are contracted (or not) into FMAs exactly as the library's scalar loop is."""
+"""Patch 0005: the fp16 vector tails give the scalar loops' bytes, for every head size in our
+models (64, 80, 128, 256) and the odd sizes around the vector widths. The harness is compiled
+with ggml-cpu's own flags, read from the build, so its reference loops are contracted (or not)
+into FMAs exactly as the library's scalar loop is. mad and scale are inline in vec.h, so the
+harness also compiles them for the other x86 branches this CPU can run: AVX512F without FP16
+(16-wide steps of 64) and AVX2 (8-wide steps of 32). dot comes from the library (this CPU's
+branch) in every build."""
 
 from __future__ import annotations
 
+import platform
 import re
 import shutil
 import subprocess
@@ -18,21 +22,40 @@ HARNESS = Path(__file__).with_name("vec_f16_tails.cpp")
 HEAD_SIZES = (64, 80, 128, 256)
 
 
-def _ggml_cpu_flags(build) -> list[str]:
+# x86 branches besides the build's own (-march=native): what each needs from the CPU to run
+OTHER_BRANCHES = {"skylake-avx512": {"avx512f", "avx512bw", "avx512vl", "f16c", "fma"}, "haswell": {"avx2", "f16c", "fma"}}
+
+
+def _ggml_cpu_flags(build, march: str) -> list[str]:
     flags = build.build_dir / "ggml" / "src" / "CMakeFiles" / "ggml-cpu.dir" / "flags.make"
     values = dict(re.findall(r"^(CXX_DEFINES|CXX_INCLUDES|CXX_FLAGS) = (.*)$", flags.read_text(), re.M))
-    return [*values["CXX_DEFINES"].split(), *values["CXX_INCLUDES"].split(), *values["CXX_FLAGS"].split()]
+    cxx_flags = [f"-march={march}" if f == "-march=native" else f for f in values["CXX_FLAGS"].split()]
+    return [*values["CXX_DEFINES"].split(), *values["CXX_INCLUDES"].split(), *cxx_flags]
 
 
-@pytest.fixture(scope="module")
-def measured(native_build, tmp_path_factory) -> dict[tuple[str, int], float]:
+def _cpu_flags() -> set[str]:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _branches() -> list[str]:
+    if platform.machine() not in ("x86_64", "AMD64"):
+        return ["native"]
+    cpu = _cpu_flags()
+    return ["native", *(march for march, needs in OTHER_BRANCHES.items() if needs <= cpu)]
+
+
+@pytest.fixture(scope="module", params=_branches())
+def measured(request, native_build, tmp_path_factory) -> dict[tuple[str, int], float]:
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         pytest.fail("a C++ compiler is needed to build the vector harness (the native build needs one too)")
     exe = tmp_path_factory.mktemp("harness") / "vec_f16_tails"
     lib = native_build.lib_dir
     subprocess.run(
-        [cxx, *_ggml_cpu_flags(native_build), str(HARNESS), f"-L{lib}", "-lggml-cpu", "-lggml-base",
+        [cxx, *_ggml_cpu_flags(native_build, request.param), str(HARNESS), f"-L{lib}", "-lggml-cpu", "-lggml-base",
          f"-Wl,-rpath,{lib}", "-o", str(exe)],
         check=True, capture_output=True, text=True,
     )

@@ -9,20 +9,14 @@ import pytest
 
 from skippy.errors import InvalidBatchError, InvalidInputError, ModelLoadError
 from skippy.native import Batch, Context, ContextOptions, Model
+from skippy.staged import PINNED_SPLITS
 
 pytestmark = [pytest.mark.staged, pytest.mark.native]
 
 SYNTH = ["llama", "gemma2", "deepseek2", "falcon-h1", "qwen3next"]
-# [a, b) boundaries per family and stage count; the hybrid qwen3next cuts only after an attention layer
-SPLITS = {
-    "llama": {2: [0, 3, 6], 3: [0, 2, 4, 6]},
-    "gemma2": {2: [0, 3, 6], 3: [0, 2, 4, 6]},
-    "deepseek2": {2: [0, 3, 6], 3: [0, 2, 4, 6]},
-    "falcon-h1": {2: [0, 3, 6], 3: [0, 2, 4, 6]},
-    "qwen3next": {2: [0, 4, 8], 3: [0, 2, 4, 8]},
-    "smollm2": {2: [0, 15, 30], 3: [0, 1, 29, 30]},
-    "gemma3": {2: [0, 9, 18], 3: [0, 6, 12, 18]},
-}
+# the pinned splits of skippy.staged, as boundaries; plus SmolLM2 cut after its first and before its last layer
+SPLITS = {name: {k: [0, *(b for _, b in ranges)] for k, ranges in splits.items()} for name, splits in PINNED_SPLITS.items()}
+EDGES = [0, 1, 29, 30]
 PROMPT = 37
 GEN = 8
 
@@ -90,12 +84,13 @@ def _staged(path, bounds: list[int]) -> tuple[list[int], np.ndarray]:
             m.close()
 
 
-@pytest.mark.parametrize("n_stages", [2, 3])
-@pytest.mark.parametrize("name", [*SYNTH, "smollm2", "gemma3"])
-def test_handoff_matches_the_full_model(name, n_stages, request, synth_model_path):
+@pytest.mark.parametrize(("name", "split"), [
+    *((name, k) for name in [*SYNTH, "smollm2", "gemma3"] for k in (2, 3)), ("smollm2", "edges"),
+])
+def test_handoff_matches_the_full_model(name, split, request, synth_model_path):
     path = _model_path(name, request, synth_model_path)
     full_tokens, full_rows = _full(path)
-    tokens, rows = _staged(path, SPLITS[name][n_stages])
+    tokens, rows = _staged(path, EDGES if split == "edges" else SPLITS[name][split])
     assert tokens == full_tokens
     np.testing.assert_array_equal(rows, full_rows)
 
