@@ -6,7 +6,7 @@ import trio
 from loguru import logger
 
 from ..scheduling.admission import Admission
-from ..scheduling.requests import RequestState, TokenEvent
+from ..scheduling.requests import Request, RequestState, TokenEvent
 from ..telemetry import Counters
 from ._mail import deliver, poke, reply
 from .messages import AdmitQuery, Admitted, Cancel, Released, Requeue, Submit, Wake
@@ -26,10 +26,18 @@ class AdmissionActor:
             async for msg in self.inbox:
                 self.handle(msg)
 
+    def _finish_cancelled(self, r: Request) -> None:
+        logger.debug("request {} cancelled while waiting", r.id)
+        self.counters.finished["cancelled"] += 1
+        self.counters.waiting = len(self.policy.waiting)
+        deliver(r.sink, TokenEvent(None, "", len(r.generated), "cancelled", r.usage))
+
     def handle(self, msg: object) -> None:
         p = self.policy
         if isinstance(msg, AdmitQuery):
             admitted = p.admit(msg.headroom, msg.match)
+            for r in p.take_cancelled():
+                self._finish_cancelled(r)
             self.counters.admitted += len(admitted)
             self.counters.waiting = len(p.waiting)
             reply(msg.reply, Admitted(tuple(admitted), len(p.waiting), p.blocked))
@@ -47,10 +55,7 @@ class AdmissionActor:
         elif isinstance(msg, Cancel):
             r = msg.request
             if p.cancel(r):
-                logger.debug("request {} cancelled while waiting", r.id)
-                self.counters.finished["cancelled"] += 1
-                self.counters.waiting = len(p.waiting)
-                deliver(r.sink, TokenEvent(None, "", len(r.generated), "cancelled", r.usage))
+                self._finish_cancelled(r)
         elif isinstance(msg, Requeue):
             for r in msg.requests:
                 p.requeue(r)

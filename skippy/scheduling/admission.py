@@ -56,6 +56,7 @@ class Admission:
         self.key = key
         self.waiting: list[Request] = []  # kept sorted by key
         self.blocked: dict | None = None  # after admit(): cells the head lacked, if memory stopped it
+        self.cancelled_here: list[Request] = []
         self._admissions = itertools.count()
 
     def submit(self, request: Request) -> None:
@@ -91,6 +92,11 @@ class Admission:
             return True
         return False
 
+    def take_cancelled(self) -> list[Request]:
+        """Requests admit() dropped as cancelled since the last call: each still needs its final event."""
+        gone, self.cancelled_here = self.cancelled_here, []
+        return gone
+
     def release(self, seq_id: int) -> None:
         self.lanes.give(seq_id)
 
@@ -104,7 +110,10 @@ class Admission:
         while self.waiting and len(self.lanes):
             head = self.waiting[0]
             if head.cancel_requested:
+                # cancelled while out of the queue (a preempted request on its way back): its Cancel
+                # found nothing to remove, so the caller finishes it (see take_cancelled)
                 self.cancel(head)
+                self.cancelled_here.append(head)
                 continue
             head.share = match(head, admitted) if match is not None else None
             cells = need(head, self.decode_reserve)

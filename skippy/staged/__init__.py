@@ -12,11 +12,13 @@ from ._frames import (
 from ._splits import (
     PINNED_N_LAYER, PINNED_SPLITS, SplitError, boundary_rule, even_split, pipeline_ceiling, plan_split, validate_split,
 )
+from ._stage_plan import PipelinePlan, StagePlan, plan_pipeline
 from ._transport import FrameStream, StageDisconnected, connect
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES", "HEADER_SIZE", "PINNED_N_LAYER", "PINNED_SPLITS", "VERSION", "Activations", "Error",
-    "FrameError", "FrameStream", "Hello", "Kind", "Message", "Open", "Release", "SplitError", "StageDisconnected",
+    "FrameError", "FrameStream", "Hello", "Kind", "Message", "Open", "PipelinePlan", "Release", "SplitError",
+    "StageDisconnected", "StagePlan",
     "Token", "boundary_rule", "connect", "decode", "decode_header", "decode_payload", "encode", "even_split",
-    "pipeline_ceiling", "plan_split", "validate_split",
+    "pipeline_ceiling", "plan_pipeline", "plan_split", "validate_split",
 ]

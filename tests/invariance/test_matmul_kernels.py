@@ -4,11 +4,10 @@ and the common ones they do not (F16, Q4_0, Q5_1, Q5_K)."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from _harness import build_harness, public_api_flags, run_harness
 
 pytestmark = pytest.mark.invariance
 
@@ -17,22 +16,8 @@ HARNESS = Path(__file__).with_name("matmul_columns.c")
 
 @pytest.fixture(scope="module")
 def measured(native_build, tmp_path_factory) -> dict[tuple[str, str], float]:
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.fail("a C compiler is needed to build the kernel harness (the native build needs one too)")
-    exe = tmp_path_factory.mktemp("harness") / "matmul_columns"
-    lib = native_build.lib_dir
-    subprocess.run(
-        [cc, "-O2", str(HARNESS), f"-I{native_build.src / 'ggml' / 'include'}", f"-L{lib}",
-         "-lggml", "-lggml-base", "-lggml-cpu", "-lm", f"-Wl,-rpath,{lib}", "-o", str(exe)],
-        check=True, capture_output=True, text=True,
-    )
-    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=300).stdout
-    rows = {}
-    for line in out.splitlines():
-        mode, type_name, worst = line.split()
-        rows[(mode, type_name)] = float(worst)
-    return rows
+    exe = build_harness(native_build, HARNESS, tmp_path_factory.mktemp("harness"), public_api_flags(native_build))
+    return {(mode, type_name): float(worst) for mode, type_name, worst in run_harness(exe)}
 
 
 @pytest.mark.parametrize("type_name", ["f32", "f16", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_K", "q5_K", "q6_K"])

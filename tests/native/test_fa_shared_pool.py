@@ -8,12 +8,12 @@ interleaved pool) is checked against a double-precision reference.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from _harness import build_harness, public_api_flags, run_harness
 
 pytestmark = pytest.mark.native
 
@@ -33,25 +33,9 @@ def _env(scan_all: bool) -> dict[str, str]:
 @pytest.fixture(scope="module")
 def kernel_runs(native_build, tmp_path_factory) -> dict[bool, dict[str, tuple[str, float]]]:
     """{scan_all: {case: (output hash, worst error vs the double reference)}}"""
-    cc = shutil.which("cc") or shutil.which("gcc")
-    if cc is None:
-        pytest.fail("a C compiler is needed to build the kernel harness (the native build needs one too)")
-    exe = tmp_path_factory.mktemp("harness") / "fa_shared_pool"
-    lib = native_build.lib_dir
-    subprocess.run(
-        [cc, "-O2", str(HARNESS), f"-I{native_build.src / 'ggml' / 'include'}", f"-L{lib}",
-         "-lggml", "-lggml-base", "-lggml-cpu", "-lm", f"-Wl,-rpath,{lib}", "-o", str(exe)],
-        check=True, capture_output=True, text=True,
-    )
-    runs = {}
-    for scan_all in (False, True):
-        out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=300,
-                             env=_env(scan_all)).stdout
-        rows = {}
-        for line in out.splitlines():
-            case, digest, worst = line.split()
-            rows[case] = (digest, float(worst))
-        runs[scan_all] = rows
+    exe = build_harness(native_build, HARNESS, tmp_path_factory.mktemp("harness"), public_api_flags(native_build))
+    runs = {scan_all: {case: (digest, float(worst)) for case, digest, worst in run_harness(exe, env=_env(scan_all))}
+            for scan_all in (False, True)}
     assert runs[False].keys() == runs[True].keys() and len(runs[False]) == 52
     return runs
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import platform
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
+from _harness import build_harness, run_harness
 
 pytestmark = pytest.mark.native
 
@@ -49,21 +48,9 @@ def _branches() -> list[str]:
 
 @pytest.fixture(scope="module", params=_branches())
 def measured(request, native_build, tmp_path_factory) -> dict[tuple[str, int], float]:
-    cxx = shutil.which("c++") or shutil.which("g++")
-    if cxx is None:
-        pytest.fail("a C++ compiler is needed to build the vector harness (the native build needs one too)")
-    exe = tmp_path_factory.mktemp("harness") / "vec_f16_tails"
-    lib = native_build.lib_dir
-    subprocess.run(
-        [cxx, *_ggml_cpu_flags(native_build, request.param), str(HARNESS), f"-L{lib}", "-lggml-cpu", "-lggml-base",
-         f"-Wl,-rpath,{lib}", "-o", str(exe)],
-        check=True, capture_output=True, text=True,
-    )
-    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=120).stdout
-    rows = {}
-    for line in out.splitlines():
-        check, n, value = line.split()
-        rows[(check, int(n))] = float(value)
+    exe = build_harness(native_build, HARNESS, tmp_path_factory.mktemp("harness"),
+                        _ggml_cpu_flags(native_build, request.param), ("-lggml-cpu", "-lggml-base"), ("c++", "g++"))
+    rows = {(check, int(n)): float(value) for check, n, value in run_harness(exe, timeout=120)}
     assert {n for _, n in rows} >= set(HEAD_SIZES)
     return rows
 
