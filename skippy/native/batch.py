@@ -121,18 +121,19 @@ class Batch:
                 ffi.from_buffer("int8_t[]", self.outputs),
             )
             batch.token, batch.pos, batch.n_seq_id, batch.logits = self._views
+            self._null = ffi.NULL
             self._hidden_view = ffi.NULL if self.hidden is None else ffi.from_buffer("float[]", self.hidden)
             batch.seq_id = self._seq_ptrs
+            batch.embd = ffi.NULL
             self._struct = batch
-        # one struct, two kinds of input: llama.cpp reads embd when token is NULL
-        self._struct.token = ffi_null() if self.carries_hidden else self._views[0]
-        self._struct.embd = self._hidden_view if self.carries_hidden else ffi_null()
+            self._struct_hidden = False
+        if self.carries_hidden != self._struct_hidden:
+            # one struct, two kinds of input: llama.cpp reads embd when token is NULL
+            self._struct.token = self._null if self.carries_hidden else self._views[0]
+            self._struct.embd = self._hidden_view if self.carries_hidden else self._null
+            self._struct_hidden = self.carries_hidden
         self._struct.n_tokens = self.n_tokens
         return self._struct[0]
-
-
-def ffi_null() -> Any:
-    return _lib.load()[0].NULL
 
 
 def last_index_per_sequence(seq_ids: np.ndarray) -> np.ndarray:
