@@ -100,3 +100,19 @@ class StepFailedError(SkippyError):
 
 class EngineClosedError(SkippyError):
     """The engine was used after it shut down."""
+
+
+# -- staged serving ---------------------------------------------------------------
+
+
+class StageUnavailableError(SkippyError):
+    """A stage of the pipeline is unreachable or went away; requests it held are lost.
+    The pipeline serves again once the stage is back (the next step reconnects)."""
+
+
+class StageFailedError(SkippyError):
+    """A stage answered a micro-batch with an error; `code` is the stage's (e.g. decode_failed)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code

@@ -45,25 +45,38 @@ class Sampler:
         self._rng = np.random.default_rng(self.params.seed)
 
     def __call__(self, logits: np.ndarray) -> int:
-        p = self.params
-        if p.greedy:
-            return int(np.argmax(logits))
-        scaled = logits.astype(np.float64) / p.temperature
-        candidates = np.arange(scaled.shape[0])
-        if p.top_k and p.top_k < scaled.shape[0]:
-            candidates = np.argpartition(-scaled, p.top_k - 1)[: p.top_k]
-        # a stable order (by logit, then id) keeps draws reproducible across numpy versions
-        candidates = candidates[np.lexsort((candidates, -scaled[candidates]))]
-        weights = np.exp(scaled[candidates] - scaled[candidates[0]])
-        probs = weights / weights.sum()
-        keep = np.ones(probs.shape[0], dtype=bool)
-        if p.min_p > 0:
-            keep &= probs >= p.min_p * probs[0]
-        if p.top_p < 1:
-            before = np.cumsum(probs) - probs
-            keep &= before < p.top_p
-        keep[0] = True
-        probs = np.where(keep, probs, 0.0)
-        probs /= probs.sum()
-        index = int(np.searchsorted(np.cumsum(probs), self._rng.random() * 1.0, side="right"))
-        return int(candidates[min(index, probs.shape[0] - 1)])
+        return pick(logits, self.params, self.draw())
+
+    def draw(self) -> float | None:
+        """The uniform number the next sample uses (None when greedy, which draws nothing).
+
+        Split from `pick` so a pipeline's last stage can sample with the draw stage 0 made:
+        the same RNG stream and arithmetic as one process, whichever stage holds the logits."""
+        return None if self.params.greedy else float(self._rng.random())
+
+
+def pick(logits: np.ndarray, p: SamplingParams, u: float | None) -> int:
+    """The token `p` picks from `logits` with the uniform draw `u` (unused when greedy)."""
+    if p.greedy:
+        return int(np.argmax(logits))
+    if u is None or not 0.0 <= u < 1.0:
+        raise InvalidInputError(f"a non-greedy sample needs a draw in [0, 1), got {u!r}")
+    scaled = logits.astype(np.float64) / p.temperature
+    candidates = np.arange(scaled.shape[0])
+    if p.top_k and p.top_k < scaled.shape[0]:
+        candidates = np.argpartition(-scaled, p.top_k - 1)[: p.top_k]
+    # a stable order (by logit, then id) keeps draws reproducible across numpy versions
+    candidates = candidates[np.lexsort((candidates, -scaled[candidates]))]
+    weights = np.exp(scaled[candidates] - scaled[candidates[0]])
+    probs = weights / weights.sum()
+    keep = np.ones(probs.shape[0], dtype=bool)
+    if p.min_p > 0:
+        keep &= probs >= p.min_p * probs[0]
+    if p.top_p < 1:
+        before = np.cumsum(probs) - probs
+        keep &= before < p.top_p
+    keep[0] = True
+    probs = np.where(keep, probs, 0.0)
+    probs /= probs.sum()
+    index = int(np.searchsorted(np.cumsum(probs), u * 1.0, side="right"))
+    return int(candidates[min(index, probs.shape[0] - 1)])

@@ -50,8 +50,12 @@ class RuntimeOwner:
     def _execute(self, step: Step) -> StepResult:
         rt, plan = self.runtime, step.plan
         t0 = time.perf_counter()
+        remote = getattr(rt, "decode_sample", None)  # a pipeline: its last stage samples
         try:
-            logits = rt.decode(plan.tokens, plan.positions, plan.seq_ids, plan.outputs)
+            if remote is not None:
+                tokens = remote(plan.tokens, plan.positions, plan.seq_ids, plan.outputs, step.samplers)
+            else:
+                logits = rt.decode(plan.tokens, plan.positions, plan.seq_ids, plan.outputs)
         except NoKvSlotError as exc:
             return StepResult(rt.ledger(), error=exc, lost=self._rollback(plan))
         except Exception as exc:
@@ -59,7 +63,8 @@ class RuntimeOwner:
             return StepResult(rt.ledger(), error=exc)
         t1 = time.perf_counter()
         try:
-            tokens = sample_rows(logits, step.samplers)
+            if remote is None:
+                tokens = sample_rows(logits, step.samplers)
             pieces = tuple(rt.piece(t) for t in tokens.tolist())
             eog = tuple(rt.is_eog(t) for t in tokens.tolist())
         except Exception as exc:

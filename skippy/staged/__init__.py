@@ -7,7 +7,7 @@ This package holds the pure foundation: the frame codec, the frame stream, and s
 
 from ._frames import (
     DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE, VERSION, Activations, Error, FrameError, Hello, Kind, Message, Open, Release,
-    Token, decode, decode_header, decode_payload, encode,
+    StepEnd, Token, decode, decode_header, decode_payload, encode,
 )
 from ._splits import (
     PINNED_N_LAYER, PINNED_SPLITS, SplitError, boundary_rule, even_split, pipeline_ceiling, plan_split, validate_split,
@@ -18,7 +18,7 @@ from ._transport import FrameStream, StageDisconnected, connect
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES", "HEADER_SIZE", "PINNED_N_LAYER", "PINNED_SPLITS", "VERSION", "Activations", "Error",
     "FrameError", "FrameStream", "Hello", "Kind", "Message", "Open", "PipelinePlan", "Release", "SplitError",
-    "StageDisconnected", "StagePlan",
+    "StageDisconnected", "StagePlan", "StepEnd",
     "Token", "boundary_rule", "connect", "decode", "decode_header", "decode_payload", "encode", "even_split",
     "pipeline_ceiling", "plan_pipeline", "plan_split", "validate_split",
 ]

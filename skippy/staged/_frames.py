@@ -21,13 +21,15 @@ import numpy as np
 from ..errors import InvalidInputError
 
 MAGIC = b"SKPF"
-VERSION = 1
+VERSION = 2  # 2: StepEnd, the last stage samples (Activations.sampling), Hello carries capacity
 HEADER_SIZE = 16
 DEFAULT_MAX_FRAME_BYTES = 256 << 20  # 2048 tokens x 8192 embd x f32 is 64 MiB; leave room
 
 _HEADER = struct.Struct("<4sHHQ")
 _U32 = struct.Struct("<I")
-_ACTIVATIONS = struct.Struct("<QIIIBBH")  # request, chunk, n_tokens, n_embd, dtype, want_logits, reserved
+_ACTIVATIONS = struct.Struct("<QIIIBBH")  # request, chunk, n_tokens, n_embd, dtype, want_logits, flags
+_SAMPLING = struct.Struct("<dIddd")  # temperature, top_k, top_p, min_p, draw
+_HAS_SAMPLING = 1
 _DTYPES = {0: np.dtype("<f4"), 1: np.dtype("<f2")}  # wire dtype codes
 _POSITIONS = np.dtype("<i4")
 
@@ -52,13 +54,14 @@ class Kind(enum.IntEnum):
     TOKEN = 4
     RELEASE = 5
     ERROR = 6
+    STEP_END = 7
 
 
 # -- field validators: construction and decoding share them, so a decoded message is always
 # -- one that could have been encoded
 
 
-def _uint(bits: int) -> Any:
+def _uint(bits: int, **field: Any) -> Any:
     limit = 1 << bits
 
     def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
@@ -68,7 +71,7 @@ def _uint(bits: int) -> Any:
                 resync=True,
             )
 
-    return attrs.field(validator=check)
+    return attrs.field(validator=check, **field)
 
 
 def _instance_of(*types: type) -> Any:
@@ -159,6 +162,7 @@ class Hello:
 
     KIND: ClassVar[Kind] = Kind.HELLO
     _LAYOUT: ClassVar[struct.Struct] = struct.Struct("<6I")
+    _CAPACITY: ClassVar[struct.Struct] = struct.Struct("<2I")
 
     stage: int = _uint(32)
     n_stages: int = _uint(32)
@@ -167,6 +171,10 @@ class Hello:
     n_layer: int = _uint(32)
     n_embd: int = _uint(32)
     model_digest: str = attrs.field(validator=_text)
+    # what this stage and every stage after it can hold (the fewest): sessions and cells. The
+    # reply to a Hello carries them so stage 0 derives the pipeline's ceiling; 0 = not said.
+    lanes: int = _uint(32, default=0)
+    cells: int = _uint(32, default=0)
 
     def __attrs_post_init__(self) -> None:
         if not self.stage < self.n_stages:
@@ -182,10 +190,13 @@ class Hello:
     def _write(self, w: _Writer) -> None:
         w.pack(self._LAYOUT, self.stage, self.n_stages, self.layer_begin, self.layer_end, self.n_layer, self.n_embd)
         w.text(self.model_digest)
+        w.pack(self._CAPACITY, self.lanes, self.cells)
 
     @classmethod
     def _read(cls, r: _Reader) -> Hello:
-        return cls(*r.unpack(cls._LAYOUT, "fields"), r.text("model_digest"))
+        fields = r.unpack(cls._LAYOUT, "fields")
+        digest = r.text("model_digest")
+        return cls(*fields, digest, *r.unpack(cls._CAPACITY, "capacity"))
 
 
 @attrs.frozen
@@ -244,8 +255,20 @@ class Activations:
     positions: np.ndarray = _array_field()
     hidden: np.ndarray = _array_field()
     want_logits: bool = attrs.field(validator=_instance_of(bool))
+    # how the last stage samples: (temperature, top_k, top_p, min_p, draw), the draw being the
+    # uniform number stage 0's per-request RNG made; None = greedy. Only with want_logits.
+    sampling: tuple[float, int, float, float, float] | None = attrs.field(default=None)
 
     def __attrs_post_init__(self) -> None:
+        if self.sampling is not None:
+            if not self.want_logits:
+                raise FrameError("Activations.sampling without want_logits", resync=True)
+            ok = isinstance(self.sampling, tuple) and len(self.sampling) == 5 and all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in self.sampling)
+            if not ok or not isinstance(self.sampling[1], int) or not 0 <= self.sampling[1] < 1 << 32:
+                raise FrameError(
+                    f"Activations.sampling must be (temperature, top_k, top_p, min_p, draw), got {self.sampling!r}",
+                    resync=True)
         p, h = self.positions, self.hidden
         if not isinstance(p, np.ndarray) or p.ndim != 1 or p.dtype != _POSITIONS:
             raise FrameError(f"Activations.positions must be a 1-D int32 array, got {_describe(p)}", resync=True)
@@ -265,20 +288,24 @@ class Activations:
     def _write(self, w: _Writer) -> None:
         n_tokens, n_embd = self.hidden.shape
         code = next(c for c, dtype in _DTYPES.items() if dtype == self.hidden.dtype)
-        w.pack(_ACTIVATIONS, self.request_id, self.chunk, n_tokens, n_embd, code, self.want_logits, 0)
+        flags = _HAS_SAMPLING if self.sampling is not None else 0
+        w.pack(_ACTIVATIONS, self.request_id, self.chunk, n_tokens, n_embd, code, self.want_logits, flags)
+        if self.sampling is not None:
+            w.pack(_SAMPLING, *self.sampling)
         w.array(self.positions, _POSITIONS)
         w.array(self.hidden, _DTYPES[code])
 
     @classmethod
     def _read(cls, r: _Reader) -> Activations:
-        request_id, chunk, n_tokens, n_embd, code, want_logits, reserved = r.unpack(_ACTIVATIONS, "header")
+        request_id, chunk, n_tokens, n_embd, code, want_logits, flags = r.unpack(_ACTIVATIONS, "header")
         if code not in _DTYPES:
             raise r.fail(f"unknown hidden dtype code {code} (known: {sorted(_DTYPES)})")
-        if want_logits > 1 or reserved:
-            raise r.fail(f"want_logits={want_logits}, reserved={reserved}: corrupt flags")
+        if want_logits > 1 or flags & ~_HAS_SAMPLING:
+            raise r.fail(f"want_logits={want_logits}, flags={flags}: corrupt flags")
+        sampling = r.unpack(_SAMPLING, "sampling") if flags & _HAS_SAMPLING else None
         positions = r.array(_POSITIONS, n_tokens, "positions")
         hidden = r.array(_DTYPES[code], n_tokens * n_embd, "hidden").reshape(n_tokens, n_embd)
-        return cls(request_id, chunk, positions, hidden, bool(want_logits))
+        return cls(request_id, chunk, positions, hidden, bool(want_logits), sampling)
 
 
 def _describe(value: Any) -> str:
@@ -355,8 +382,31 @@ class Error:
         return cls(request_id, r.text("code"), r.text("message"))
 
 
-Message = Hello | Open | Activations | Token | Release | Error
-_CLASSES: dict[int, type[Message]] = {cls.KIND: cls for cls in (Hello, Open, Activations, Token, Release, Error)}
+@attrs.frozen
+class StepEnd:
+    """Closes a micro-batch: the ``n_frames`` Activations frames before it are decoded together.
+
+    Downstream it follows a micro-batch's frames; upstream it follows the Token frames the last
+    stage sampled for that micro-batch (``n_frames`` of them). Each micro-batch gets exactly
+    one answer, this or an Error, in the order the micro-batches were sent."""
+
+    KIND: ClassVar[Kind] = Kind.STEP_END
+    _LAYOUT: ClassVar[struct.Struct] = struct.Struct("<QI")
+
+    step: int = _uint(64)
+    n_frames: int = _uint(32)
+
+    def _write(self, w: _Writer) -> None:
+        w.pack(self._LAYOUT, self.step, self.n_frames)
+
+    @classmethod
+    def _read(cls, r: _Reader) -> StepEnd:
+        return cls(*r.unpack(cls._LAYOUT, "fields"))
+
+
+Message = Hello | Open | Activations | Token | Release | Error | StepEnd
+_CLASSES: dict[int, type[Message]] = {
+    cls.KIND: cls for cls in (Hello, Open, Activations, Token, Release, Error, StepEnd)}
 
 
 # -- the codec

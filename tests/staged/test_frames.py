@@ -15,6 +15,7 @@ from skippy.errors import InvalidInputError
 from skippy.staged import (
     HEADER_SIZE,
     Activations,
+    StepEnd,
     Error,
     FrameError,
     Hello,
@@ -41,7 +42,7 @@ def activations(dtype=np.float32, n_tokens: int = 3, n_embd: int = 4, **fields) 
     return Activations(positions=np.arange(10, 10 + n_tokens, dtype=np.int32), hidden=hidden.astype(dtype), **fields)
 
 
-def header(kind: int, length: int, magic: bytes = b"SKPF", version: int = 1) -> bytes:
+def header(kind: int, length: int, magic: bytes = b"SKPF", version: int = 2) -> bytes:
     return HEADER.pack(magic, version, kind, length)
 
 
@@ -51,6 +52,7 @@ def payload_of(msg) -> bytes:
 
 EXAMPLES = {
     "hello": Hello(1, 3, 2, 4, 6, 128, "sha256:ünïcode-✓"),
+    "hello-capacity": Hello(0, 2, 0, 3, 6, 128, "d", lanes=32, cells=4096),
     "open-empty": Open(1, {}),
     "open-params": Open(U64_MAX, {"temperature": 0.7, "seed": 1, "stop": ["\n", "終"], "logit_bias": {"5": -1.5}}),
     "activations-f32": activations(np.float32),
@@ -61,6 +63,8 @@ EXAMPLES = {
     "token-running": Token(U64_MAX, 511, 4095, None),
     "token-finished": Token(3, 2, 9, "stop"),
     "token-empty-finish": Token(3, 2, 9, ""),
+    "activations-sampled": activations(np.float32, sampling=(0.7, 40, 0.9, 0.05, 0.123456789)),
+    "step-end": StepEnd(U64_MAX, 3),
     "release": Release(U64_MAX, "cancelled by client — 😴"),
     "error-global": Error(0, "oom", "stage 2 ran out of KV cells"),
 }
@@ -76,6 +80,26 @@ def test_every_message_round_trips(msg):
 
 def test_wire_format_is_pinned():
     assert encode(Release(1, "x")) == header(Kind.RELEASE, 13) + struct.pack("<QI", 1, 1) + b"x"
+    assert encode(StepEnd(5, 2)) == header(Kind.STEP_END, 12) + struct.pack("<QI", 5, 2)
+    sampled = activations(n_tokens=1, n_embd=1, sampling=(1.0, 2, 0.5, 0.0, 0.25))
+    assert payload_of(sampled)[:24 + 36] == struct.pack("<QIIIBBH", 7, 2, 1, 1, 0, 1, 1) + struct.pack(
+        "<dIddd", 1.0, 2, 0.5, 0.0, 0.25)
+
+
+@pytest.mark.parametrize("sampling", [(1.0, 2, 0.5, 0.0), (1.0, -1, 0.5, 0.0, 0.2), (1.0, 2.0, 0.5, 0.0, 0.2), [1.0, 2, 0.5, 0.0, 0.2]])
+def test_bad_sampling_is_refused(sampling):
+    with pytest.raises(FrameError, match="sampling"):
+        activations(sampling=sampling)
+
+
+def test_sampling_needs_want_logits():
+    with pytest.raises(FrameError, match="without want_logits"):
+        activations(want_logits=False, sampling=(1.0, 2, 0.5, 0.0, 0.2))
+
+
+def test_hello_capacity_defaults_to_unsaid():
+    hello = decode(encode(Hello(1, 3, 2, 4, 6, 128, "d")))
+    assert (hello.lanes, hello.cells) == (0, 0)
 
 
 @pytest.mark.parametrize("dtype", [np.float16, np.float32])
@@ -97,7 +121,7 @@ def test_equality_is_bitwise_and_sees_dtype():
     ("data", "problem"),
     [
         (header(Kind.TOKEN, 17, magic=b"HTTP"), "bad magic"),
-        (header(Kind.TOKEN, 17, version=2), "unsupported frame version 2"),
+        (header(Kind.TOKEN, 17, version=1), "unsupported frame version 1"),
         (header(Kind.TOKEN, 17)[:-1], "header is 15 bytes"),
         (header(Kind.ACTIVATIONS, 2**64 - 1), "larger than the configured maximum"),
     ],

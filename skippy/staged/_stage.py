@@ -1,0 +1,433 @@
+"""A stage after the first: its own layers, context, lanes and scheduler, served over TCP.
+
+One upstream session at a time (the newest connection wins: a restarted stage 0 must not
+wait for a dead one's socket). A session is a chain: on Hello the stage connects to the next
+stage, and whatever breaks (either neighbour gone, a malformed frame) ends the session here,
+which ends it upstream too; every cell the session held is freed. The stage itself keeps
+serving: the next Hello starts a fresh session, so the pipeline recovers when a stage returns.
+
+The stage's scheduler: requests take its own sequence ids (StageLanes); the micro-batches
+that arrive while it computes are coalesced into one decode up to n_batch tokens (a slower
+stage catches up by batching more, which is the backpressure of the pipeline: its inbox is
+bounded, so TCP holds the stages above it).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import deque
+from typing import Any
+
+import attrs
+import numpy as np
+import trio
+from loguru import logger
+
+from .._plan import plan_for
+from ..errors import InvalidInputError, NoKvSlotError, SkippyError
+from ..native import Batch, Context, ContextOptions, Model
+from ..runtime import file_digest
+from ..sampling import SamplingParams, pick
+from ..scheduling.lanes import LanePlan
+from ._frames import Activations, Error, FrameError, Hello, Open, Release, StepEnd, Token
+from ._microbatch import SESSION_ENDING, NoLaneError, ReplyOrder, StageLanes, UnknownRequestError
+from ._transport import FrameStream, StageDisconnected, connect
+
+HELLO_TIMEOUT_S = 30.0
+INBOX_FRAMES = 256  # frames read ahead from upstream; past it TCP pushes back on the stage above
+
+
+class StageRuntime:
+    """A stage after the first: the model's layers [a, b) fed hidden states, sized on its own node."""
+
+    def __init__(self, path: os.PathLike[str] | str, layers: tuple[int, int], *, n_ctx: int | None = 4096,
+                 n_batch: int = 512, n_seq_max: int | None = None, memory_bytes: int | None = None,
+                 threads: int | None = None, batch_invariant: bool = True, floor_ctx_per_session: int = 128) -> None:
+        self.model = Model(path, repack=not batch_invariant, layers=tuple(layers))
+        try:
+            if not self.model.takes_hidden:
+                raise InvalidInputError(f"layers {tuple(layers)} start at layer 0: that is stage 0, which serves the "
+                                        "requests (skippy stage with --layers 0:B runs the API front)")
+            base = dict(n_batch=n_batch, n_ubatch=n_batch, threads=threads or min(8, os.cpu_count() or 1),
+                        batch_invariant=batch_invariant)
+            self.plan: LanePlan = plan_for(self.model, base, n_ctx=n_ctx if memory_bytes is None else None,
+                                           requested=n_seq_max, memory_bytes=memory_bytes,
+                                           floor_ctx_per_session=floor_ctx_per_session, measure=False)
+            self.ctx = Context(self.model, ContextOptions(**base, n_ctx=self.plan.n_ctx, n_seq_max=self.plan.n_seq_max))
+        except BaseException:
+            self.model.close()
+            raise
+        self.layers = self.model.layers
+        self.last = not self.model.returns_hidden
+        self.n_batch = n_batch
+        self.digest = file_digest(self.model.path)
+        self._batch = Batch(n_batch)
+
+    @property
+    def lanes(self) -> int:
+        return self.plan.ceiling
+
+    @property
+    def cells(self) -> int:
+        return self.ctx.n_ctx
+
+    def decode(self, hidden: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray) -> np.ndarray:
+        """Hidden states out (a stage in the middle) or the output rows' logits (the last); a copy."""
+        return self.ctx.decode(self._batch.set_hidden(hidden, positions, seq_ids, outputs)).copy()
+
+    def seq_rm(self, seq: int) -> None:
+        self.ctx.seq_rm(seq)
+
+    def hello(self, stage: int, n_stages: int, layer_end: int, lanes: int, cells: int) -> Hello:
+        return Hello(stage, n_stages, self.layers[0], layer_end, self.model.n_layer, self.model.n_embd, self.digest,
+                     lanes=lanes, cells=cells)
+
+    def close(self) -> None:
+        self.ctx.close()
+        self.model.close()
+
+
+@attrs.define
+class _MicroBatch:
+    step: int
+    frames: list[Activations]
+    problem: Error | None = None
+    answer: list = attrs.field(factory=list)  # the last stage's Token frames and StepEnd
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(f.n_tokens for f in self.frames)
+
+
+class StageServer:
+    def __init__(self, runtime: StageRuntime, next_addr: tuple[str, int] | None, *,
+                 connect_timeout: float = 10.0) -> None:
+        self.runtime = runtime
+        self.next_addr = next_addr
+        self.connect_timeout = connect_timeout
+        self._lock = trio.Lock()
+        self._scope: trio.CancelScope | None = None
+        self.sessions = 0
+
+    async def handle(self, stream: trio.abc.Stream) -> None:
+        """One upstream connection; a newer one cancels it (a restarted stage 0 wins)."""
+        if self._scope is not None:
+            self._scope.cancel()
+        up = FrameStream(stream)
+        async with self._lock:
+            with trio.CancelScope() as self._scope:
+                self.sessions += 1
+                try:
+                    await _Session(self, up).run()
+                except (StageDisconnected, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+                    logger.info("stage {}: session ended: {}", self.runtime.layers, exc)
+                finally:
+                    with trio.CancelScope(shield=True):
+                        await up.aclose()
+
+
+class _Session:
+    def __init__(self, server: StageServer, up: FrameStream) -> None:
+        self.server, self.rt, self.up = server, server.runtime, up
+        self.down: FrameStream | None = None
+        self.lanes = StageLanes(self.rt.lanes)
+        self.refused: dict[int, Error] = {}
+        self.order = ReplyOrder()
+        self.partial: list[Activations] = []
+        self.up_lock = trio.Lock()
+        self.chunks: dict[int, int] = {}
+
+    async def run(self) -> None:
+        try:
+            if not await self._greet():
+                return
+            async with trio.open_nursery() as nursery:
+                inbox_tx, inbox_rx = trio.open_memory_channel(INBOX_FRAMES)
+                nursery.start_soon(self._read_up, inbox_tx, nursery.cancel_scope)
+                nursery.start_soon(self._compute, inbox_rx)
+                if self.down is not None:
+                    nursery.start_soon(self._read_down, nursery.cancel_scope)
+        finally:
+            for _, seq in self.lanes.held():
+                self.rt.seq_rm(seq)
+            if self.down is not None:
+                with trio.CancelScope(shield=True):
+                    await self.down.aclose()
+
+    # -- the handshake: check the neighbour, reach the next stage, say what the rest can hold
+
+    async def _greet(self) -> bool:
+        rt = self.rt
+        with trio.move_on_after(HELLO_TIMEOUT_S):
+            hello = await self.up.receive()
+        if not isinstance(hello, Hello):
+            await self._refuse(f"expected Hello first, got {type(hello).__name__}")
+            return False
+        problem = _mismatch(hello, rt)
+        if problem:
+            await self._refuse(problem)
+            return False
+        lanes, cells, end, n_stages = rt.lanes, rt.cells, rt.layers[1], hello.stage + 2
+        if self.server.next_addr is not None:
+            host, port = self.server.next_addr
+            try:
+                with trio.fail_after(self.server.connect_timeout):
+                    self.down = await connect(host, port)
+                    await self.down.send(rt.hello(hello.stage + 1, hello.stage + 2, rt.layers[1], 0, 0))
+                    reply = await self.down.receive()
+            except (OSError, StageDisconnected, FrameError, trio.TooSlowError) as exc:
+                await self._refuse(f"stage {hello.stage + 2} at {host}:{port} is unreachable: {exc}",
+                                   code="stage_unreachable")
+                return False
+            if isinstance(reply, Error):
+                await self.up.send(reply)
+                return False
+            if not isinstance(reply, Hello) or reply.layer_begin != rt.layers[1]:
+                await self._refuse(f"stage {hello.stage + 2} at {host}:{port} answered {reply!r}")
+                return False
+            lanes, cells = min(lanes, reply.lanes), min(cells, reply.cells)
+            end, n_stages = reply.layer_end, reply.n_stages
+        elif rt.layers[1] != rt.model.n_layer:
+            await self._refuse(f"this stage ends at layer {rt.layers[1]} of {rt.model.n_layer} and has no --next",
+                               code="stage_unreachable")
+            return False
+        await self.up.send(rt.hello(hello.stage + 1, n_stages, end, lanes, cells))
+        logger.info("stage {}: session {} from {} (pipeline holds {} sessions, {} cells)", rt.layers,
+                    self.server.sessions, _peer(self.up), lanes, cells)
+        return True
+
+    async def _refuse(self, message: str, code: str = "bad_hello") -> None:
+        logger.warning("stage {}: refusing a session: {}", self.rt.layers, message)
+        await self.up.send(Error(0, code, message))
+
+    # -- reading: upstream into the inbox, answers from below back up
+
+    async def _read_up(self, inbox: trio.MemorySendChannel, session: trio.CancelScope) -> None:
+        async with inbox:
+            while True:
+                try:
+                    msg = await self.up.receive()
+                except FrameError as exc:
+                    # the session ends (the micro-batch it belonged to cannot be completed); the stage lives on
+                    async with self.up_lock:
+                        await self.up.send(Error(0, "bad_frame", f"stage at layers {self.rt.layers}: {exc}"))
+                    break
+                if msg is None:
+                    break
+                await inbox.send(msg)
+        session.cancel()
+
+    async def _read_down(self, session: trio.CancelScope) -> None:
+        assert self.down is not None
+        tokens: list = []
+        try:
+            while True:
+                msg = await self.down.receive()
+                if msg is None:
+                    raise StageDisconnected("it closed the connection")
+                if isinstance(msg, Token):
+                    tokens.append(msg)
+                    continue
+                if isinstance(msg, Error) and msg.code in SESSION_ENDING:
+                    raise _Relay(msg)
+                self.order.from_below([*tokens, msg])
+                tokens = []
+                await self._send_up()
+        except (StageDisconnected, FrameError) as exc:
+            host, port = self.server.next_addr
+            error = Error(0, "stage_lost", f"the stage after layers {self.rt.layers} ({host}:{port}) is gone: {exc}")
+            await self._send_up_now(error)
+        except _Relay as relay:
+            await self._send_up_now(relay.error)
+        session.cancel()
+
+    async def _send_up(self) -> None:
+        async with self.up_lock:
+            for frame in self.order.ready():
+                await self.up.send(frame)
+
+    async def _send_up_now(self, frame: Any) -> None:
+        with trio.move_on_after(1.0):
+            async with self.up_lock:
+                await self.up.send(frame)
+
+    # -- the scheduler: coalesce what has arrived into decodes
+
+    async def _compute(self, inbox: trio.MemoryReceiveChannel) -> None:
+        backlog: deque = deque()
+        async with inbox:
+            async for first in inbox:
+                backlog.append(first)
+                while True:
+                    try:
+                        backlog.append(inbox.receive_nowait())
+                    except (trio.WouldBlock, trio.EndOfChannel):
+                        break
+                group: list[_MicroBatch] = []
+                while backlog:
+                    msg = backlog.popleft()
+                    if isinstance(msg, Activations):
+                        self.partial.append(msg)
+                    elif isinstance(msg, StepEnd):
+                        mb = _MicroBatch(msg.step, self.partial)
+                        self.partial = []
+                        if len(mb.frames) != msg.n_frames:
+                            mb.problem = Error(0, "bad_step", f"step {msg.step}: {len(mb.frames)} frames arrived, "
+                                                              f"its StepEnd says {msg.n_frames}")
+                        if group and sum(m.n_tokens for m in group) + mb.n_tokens > self.rt.n_batch:
+                            await self._run(group)
+                            group = []
+                        group.append(mb)
+                    elif isinstance(msg, Open):
+                        await self._open(msg)
+                    elif isinstance(msg, Release):
+                        if group:
+                            await self._run(group)
+                            group = []
+                        await self._release(msg)
+                    else:
+                        await self._send_up_now(Error(0, "bad_frame", f"unexpected {type(msg).__name__} from upstream"))
+                        return
+                if group:
+                    await self._run(group)
+
+    async def _open(self, msg: Open) -> None:
+        try:
+            self.lanes.open(msg.request_id)
+        except NoLaneError as exc:
+            self.refused[msg.request_id] = Error(msg.request_id, "no_lane", f"stage {self.rt.layers}: {exc}")
+        self.chunks[msg.request_id] = 0
+        if self.down is not None:
+            await self.down.send(msg)
+
+    async def _release(self, msg: Release) -> None:
+        seq = self.lanes.release(msg.request_id)
+        self.refused.pop(msg.request_id, None)
+        self.chunks.pop(msg.request_id, None)
+        if seq is not None:
+            self.rt.seq_rm(seq)
+        if self.down is not None:
+            await self.down.send(msg)
+
+    def _rows(self, mb: _MicroBatch) -> list[int] | Error:
+        seqs = []
+        for f in mb.frames:
+            if f.request_id in self.refused:
+                return self.refused[f.request_id]
+            try:
+                seqs.append(self.lanes.seq(f.request_id))
+            except UnknownRequestError as exc:
+                return Error(f.request_id, "unknown_request", str(exc))
+        return seqs
+
+    async def _run(self, group: list[_MicroBatch]) -> None:
+        """One decode for the group's good micro-batches; each gets its answer in order."""
+        good: list[tuple[_MicroBatch, list[int]]] = []
+        for mb in group:
+            if mb.problem is None:
+                rows = self._rows(mb)
+                if isinstance(rows, Error):
+                    mb.problem = rows
+                else:
+                    good.append((mb, rows))
+        result: np.ndarray | None = None
+        if good:
+            frames = [f for mb, _ in good for f in mb.frames]
+            hidden = frames[0].hidden if len(frames) == 1 else np.concatenate([f.hidden for f in frames])
+            positions = np.concatenate([f.positions for f in frames])
+            seq_ids = np.concatenate([np.full(f.n_tokens, s, np.int32) for mb, seqs in good for f, s in zip(mb.frames, seqs)])
+            outputs = np.concatenate([_last_row(f.n_tokens, f.want_logits) for f in frames])
+            try:
+                result = await trio.to_thread.run_sync(self.rt.decode, hidden, positions, seq_ids, outputs)
+            except NoKvSlotError as exc:
+                self._fail(good, "no_kv_slot", exc)
+            except SkippyError as exc:
+                logger.warning("stage {}: decode failed: {!r}", self.rt.layers, exc)
+                self._fail(good, "decode_failed", exc)
+        if result is not None and not self.rt.last:
+            await self._forward(good, result)
+        elif result is not None:
+            self._sample(good, result)
+        await self._answer(group)
+
+    def _fail(self, good: list, code: str, exc: Exception) -> None:
+        for mb, _ in good:
+            mb.problem = Error(0, code, f"stage {self.rt.layers}: {exc}")
+
+    async def _forward(self, good: list, hidden: np.ndarray) -> None:
+        assert self.down is not None
+        row = 0
+        for mb, _ in good:
+            for f in mb.frames:
+                out = hidden[row:row + f.n_tokens].astype(f.hidden.dtype, copy=False)
+                row += f.n_tokens
+                await self.down.send(Activations(f.request_id, f.chunk, f.positions, out, f.want_logits, f.sampling))
+            await self.down.send(StepEnd(mb.step, len(mb.frames)))
+
+    def _sample(self, good: list, logits: np.ndarray) -> None:
+        row = 0
+        for mb, _ in good:
+            tokens = []
+            for f in mb.frames:
+                if not f.want_logits:
+                    continue
+                if f.sampling is None:
+                    token = int(np.argmax(logits[row]))
+                else:
+                    t, k, p, m, u = f.sampling
+                    token = pick(logits[row], SamplingParams(t, int(k), p, m), u)
+                tokens.append(Token(f.request_id, token, int(f.positions[-1]), None))
+                row += 1
+            mb.answer = [*tokens, StepEnd(mb.step, len(tokens))]
+
+    async def _answer(self, group: list[_MicroBatch]) -> None:
+        for mb in group:
+            if mb.problem is not None:
+                self.order.answer_here([mb.problem])
+            elif self.rt.last:
+                self.order.answer_here(mb.answer)
+            else:
+                self.order.expect_below()
+        await self._send_up()
+
+
+class _Relay(Exception):
+    def __init__(self, error: Error) -> None:
+        self.error = error
+
+
+def _last_row(n: int, want: bool) -> np.ndarray:
+    out = np.zeros(n, dtype=bool)
+    out[-1] = want
+    return out
+
+
+def _mismatch(hello: Hello, rt: StageRuntime) -> str | None:
+    if hello.model_digest != rt.digest:
+        return f"model mismatch: upstream runs {hello.model_digest[:16]}, this stage {rt.digest[:16]}"
+    if hello.n_layer != rt.model.n_layer or hello.n_embd != rt.model.n_embd:
+        return f"model shape mismatch: upstream n_layer={hello.n_layer} n_embd={hello.n_embd}"
+    if hello.layer_end != rt.layers[0]:
+        return (f"upstream ends at layer {hello.layer_end}, this stage starts at {rt.layers[0]}: "
+                "the stages' layer ranges must meet")
+    return None
+
+
+def _peer(stream: FrameStream) -> str:
+    try:
+        host, port = stream.stream.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except (AttributeError, OSError):
+        return "?"
+
+
+async def serve_stage(runtime: StageRuntime, host: str, port: int, next_addr: tuple[str, int] | None = None, *,
+                      task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
+    """Serve `runtime` on host:port until cancelled; `task_status` gets the bound port."""
+    server = StageServer(runtime, next_addr)
+    listeners = await trio.open_tcp_listeners(port, host=host)
+    bound = listeners[0].socket.getsockname()[1]
+    logger.info("stage {} listening on {}:{}{}", runtime.layers, host, bound,
+                f", next {next_addr[0]}:{next_addr[1]}" if next_addr else " (last stage)")
+    task_status.started(bound)
+    await trio.serve_listeners(server.handle, listeners)
