@@ -166,31 +166,129 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import trio
-
     from .engine import open_engine
-    from .server import create_app, default_model_names, serve_app, wait_for_signal
 
     model = _resolve_checked(args)
     config = {"n_batch": args.n_batch, "threads": args.threads, "max_waiting": args.max_waiting,
               **_sizing_config(args), **_prefix_config(args)}
+    return _serve_engine(args, lambda: open_engine(model, **config), args.host, args.port)
+
+
+def _alias(args: argparse.Namespace) -> str | None:
     from .models._store import DEFAULT_MODEL, REAL_MODELS
 
-    alias = args.model if args.model in REAL_MODELS else (args.family or (DEFAULT_MODEL if args.model is None else None))
+    return args.model if args.model in REAL_MODELS else (args.family or (DEFAULT_MODEL if args.model is None else None))
+
+
+def _serve_engine(args: argparse.Namespace, opener, host: str, port: int) -> int:
+    """Serve the OpenAI API over the engine `opener()` opens, until SIGINT/SIGTERM."""
+    import trio
+
+    from .server import create_app, default_model_names, serve_app, wait_for_signal
 
     async def main() -> None:
-        async with open_engine(model, **config) as engine:
-            names = ([args.served_model_name] if args.served_model_name else []) + default_model_names(engine, [alias])
+        async with opener() as engine:
+            names = ([args.served_model_name] if args.served_model_name else []) + default_model_names(engine, [_alias(args)])
             app = create_app(engine, model_names=names)
             async with trio.open_nursery() as nursery:
                 binds = await nursery.start(lambda task_status: serve_app(
-                    app, args.host, args.port, shutdown_trigger=wait_for_signal, deadline=args.shutdown_deadline,
+                    app, host, port, shutdown_trigger=wait_for_signal, deadline=args.shutdown_deadline,
                     task_status=task_status))
                 print(f"skippy: serving {names[0]} on {', '.join(binds)} (Ctrl-C to stop)", file=sys.stderr, flush=True)
         print("skippy: stopped", file=sys.stderr, flush=True)
 
     trio.run(main)
     return 0
+
+
+def _layer_range(text: str) -> tuple[int, int]:
+    a, sep, b = text.partition(":")
+    if not sep or not a.isdigit() or not b.isdigit() or int(a) >= int(b):
+        raise argparse.ArgumentTypeError(f"expected A:B with A < B, got {text!r}")
+    return int(a), int(b)
+
+
+def _stage_options(args: argparse.Namespace) -> dict:
+    return {"n_ctx": args.n_ctx if args.memory is None else None, "n_batch": args.n_batch, "n_seq_max": args.n_seq_max,
+            "memory_bytes": args.memory, "threads": args.threads, "floor_ctx_per_session": args.floor_ctx}
+
+
+def _pipeline_config(args: argparse.Namespace) -> dict:
+    return {"n_batch": args.n_batch, "threads": args.threads, "max_waiting": args.max_waiting,
+            **_sizing_config(args), "micro_batches": args.micro_batches, "wire_dtype": args.wire_dtype}
+
+
+def _stage(args: argparse.Namespace) -> int:
+    """A stage of a pipeline: layers [A, B). Stage 0 (A = 0) serves the OpenAI API on --listen."""
+    from functools import partial
+
+    import trio
+
+    from .server import wait_for_signal
+    from .staged._pipeline import open_pipeline, parse_addr
+    from .staged._stage import StageRuntime, serve_stage
+
+    a, b = args.layers
+    host, port = parse_addr(args.listen)
+    next_addr = parse_addr(args.next) if args.next else None
+    path = _resolve_checked(args)
+    if a == 0:
+        if next_addr is None:
+            raise SkippyError("stage 0 hands its activations down: give --next HOST:PORT (or use skippy serve)")
+        config = _pipeline_config(args)
+        return _serve_engine(args, lambda: open_pipeline(path, b, next_addr, **config), host, port)
+    runtime = StageRuntime(path, (a, b), **_stage_options(args))
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            bound = await nursery.start(partial(serve_stage, runtime, host, port, next_addr,
+                                                on_session_end=lambda stats: print(stats.line(), flush=True)))
+            print(f"skippy stage: listening on {host}:{bound}", flush=True)
+            await wait_for_signal()
+            nursery.cancel_scope.cancel()
+
+    try:
+        trio.run(main)
+    finally:
+        runtime.close()
+    return 0
+
+
+def _pipeline(args: argparse.Namespace) -> int:
+    """K stage processes on loopback; this process is stage 0 and serves the OpenAI API."""
+    from .native import Model
+    from .staged import boundary_rule, even_split, validate_split
+    from .staged._launch import launch_stages
+    from .staged._pipeline import open_pipeline, parse_addr
+
+    path = _resolve_checked(args)
+    with Model(path, repack=False, layers=(0, 1)) as probe:  # n_layer and arch without the weights
+        n_layer, arch = probe.n_layer, probe.arch
+    if args.layers:
+        splits = [_layer_range(part) for part in args.layers.split(",")]
+        validate_split(splits, n_layer, allowed=boundary_rule(arch))
+    else:
+        splits = even_split(n_layer, args.stages, allowed=boundary_rule(arch))
+    options = ["--n-batch", str(args.n_batch), "--threads", str(args.threads), "--floor-ctx", str(args.floor_ctx)]
+    options += ["--n-ctx", str(args.n_ctx)] if args.n_ctx else []
+    options += ["--memory", str(args.memory)] if args.memory else []
+    options += ["--n-seq-max", str(args.n_seq_max)] if args.n_seq_max else []
+    print(f"skippy: starting {len(splits)} stages: {', '.join(f'[{a}, {b})' for a, b in splits)}", file=sys.stderr)
+    stages = launch_stages(path, splits, options=options)
+    try:
+        config = _pipeline_config(args)
+        next_addr = parse_addr(stages[0].addr)
+        return _serve_engine(args, lambda: open_pipeline(path, splits[0][1], next_addr, **config), args.host, args.port)
+    finally:
+        for stage in stages:
+            stage.stop()
+
+
+def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--micro-batches", type=int, default=None,
+                        help="parts each step is cut into so the stages overlap (default: the number of stages)")
+    parser.add_argument("--wire-dtype", choices=["f32", "f16"], default="f32",
+                        help="hidden states on the wire; f16 halves the bytes but is not bit-exact")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -263,6 +361,38 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--shutdown-deadline", type=float, default=30.0,
                        help="seconds in-flight requests may take to finish after SIGINT/SIGTERM")
     serve.set_defaults(func=_serve)
+
+    stage = sub.add_parser("stage", help="one stage of a pipeline: layers A:B on --listen, handing down to --next")
+    where = stage.add_mutually_exclusive_group()
+    where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
+    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    stage.add_argument("--layers", type=_layer_range, required=True, help="A:B, this stage's layers [A, B)")
+    stage.add_argument("--listen", required=True,
+                       help="HOST:PORT; stage 0 serves the OpenAI API there, later stages the next stage's link")
+    stage.add_argument("--next", default=None, help="HOST:PORT of the next stage (none for the last)")
+    stage.add_argument("--threads", type=int, default=2)
+    _add_sizing_options(stage)
+    stage.add_argument("--served-model-name", default=None, help="stage 0: the model id clients use")
+    stage.add_argument("--max-waiting", type=int, default=256, help="stage 0: waiting-queue bound; past it: HTTP 429")
+    stage.add_argument("--shutdown-deadline", type=float, default=30.0, help="stage 0: seconds to drain on SIGTERM")
+    _add_pipeline_options(stage)
+    stage.set_defaults(func=_stage)
+
+    pipe = sub.add_parser("pipeline", help="K stage processes on loopback, the OpenAI API served from stage 0")
+    where = pipe.add_mutually_exclusive_group()
+    where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
+    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    pipe.add_argument("--stages", type=int, default=2, help="stages (layers split evenly, family cut rules kept)")
+    pipe.add_argument("--layers", default=None, help="explicit split, e.g. 0:10,10:20,20:30 (overrides --stages)")
+    pipe.add_argument("--host", default="127.0.0.1", help="bind address of the API (default: loopback only)")
+    pipe.add_argument("--port", type=int, default=8080)
+    pipe.add_argument("--threads", type=int, default=2, help="threads per stage")
+    _add_sizing_options(pipe)
+    pipe.add_argument("--served-model-name", default=None, help="the model id clients use (default: the file name)")
+    pipe.add_argument("--max-waiting", type=int, default=256, help="waiting-queue bound; past it: HTTP 429")
+    pipe.add_argument("--shutdown-deadline", type=float, default=30.0, help="seconds to drain on SIGTERM")
+    _add_pipeline_options(pipe)
+    pipe.set_defaults(func=_pipeline)
     return parser
 
 

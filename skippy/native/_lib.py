@@ -56,6 +56,9 @@ def _import(flags: BuildFlags | None) -> ModuleType:
     return module
 
 
+_EXPECTED_UNUSED = "model has unused tensor"
+
+
 class _LogRouter:
     """Joins llama.cpp's line fragments and hands whole lines to loguru."""
 
@@ -73,7 +76,10 @@ class _LogRouter:
         while "\n" in self.buffer:
             line, self.buffer = self.buffer.split("\n", 1)
             if line.strip():
-                logger.opt(depth=0).log(_LEVELS.get(self.level, "INFO"), "llama.cpp: {}", line)
+                level = _LEVELS.get(self.level, "INFO")
+                if line.startswith(_EXPECTED_UNUSED):  # a stage skips the other stages' layers (patch 0006)
+                    level = "DEBUG"
+                logger.opt(depth=0).log(level, "llama.cpp: {}", line)
 
 
 def _install_log(module: ModuleType) -> None:

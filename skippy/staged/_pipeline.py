@@ -18,6 +18,7 @@ import itertools
 import math
 import os
 import threading
+import time
 from collections import deque
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Sequence
@@ -230,7 +231,9 @@ class PipelineRuntime:
         self._chunks: dict[int, int] = {}
         self._steps = itertools.count()
         self._aborted = threading.Event()
-        self.bubble_s = 0.0  # time stage 0 waited for answers after computing its part (telemetry)
+        # where stage 0's step time went: its own layers, or waiting for the stages below
+        self.compute_s = 0.0
+        self.wait_s = 0.0
 
     # -- the step ------------------------------------------------------------------
 
@@ -269,6 +272,7 @@ class PipelineRuntime:
         answers: list[tuple[_Answer, list[int]]] = []
         for part in split_step(seq_ids, outputs, self.micro_batches):
             rows = np.concatenate([np.arange(seg.start, seg.stop) for seg in part])
+            t0 = time.perf_counter()
             hidden = self.local.decode(tokens[rows], positions[rows], seq_ids[rows], np.zeros(len(rows), bool))
             frames: list[Message] = []
             sampled: list[int] = []
@@ -286,10 +290,16 @@ class PipelineRuntime:
                                           hidden[row:row + seg.n_tokens].astype(self.wire_dtype), seg.output, sampling))
                 row += seg.n_tokens
             frames.append(StepEnd(next(self._steps), len(frames)))
+            self.compute_s += time.perf_counter() - t0
             answers.append((self._on_trio(session.submit, frames, True), sampled))
         out: list[int] = []
+        t0 = time.perf_counter()
         for answer, sampled in answers:
-            got = self._wait(answer)
+            try:
+                got = self._wait(answer)
+            finally:
+                self.wait_s += time.perf_counter() - t0
+                t0 = time.perf_counter()
             if [t.request_id for t in got] != sampled:
                 raise StageFailedError("bad_answer", f"tokens for requests {[t.request_id for t in got]}, "
                                                      f"expected {sampled}")

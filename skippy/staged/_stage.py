@@ -88,6 +88,24 @@ class StageRuntime:
 
 
 @attrs.define
+class SessionStats:
+    """Where a stage's time went in one session: busy decoding, or idle waiting for input."""
+
+    layers: tuple[int, int]
+    decodes: int = 0
+    micro_batches: int = 0
+    tokens: int = 0
+    busy_s: float = 0.0
+    idle_s: float = 0.0
+
+    def line(self) -> str:
+        share = self.busy_s / max(1e-9, self.busy_s + self.idle_s)
+        return (f"skippy stage: layers {self.layers[0]}:{self.layers[1]}: {self.decodes} decodes of "
+                f"{self.micro_batches} micro-batches, {self.tokens} tokens, busy {self.busy_s:.3f} s, "
+                f"idle {self.idle_s:.3f} s (busy {share:.0%})")
+
+
+@attrs.define
 class _MicroBatch:
     step: int
     frames: list[Activations]
@@ -101,8 +119,9 @@ class _MicroBatch:
 
 class StageServer:
     def __init__(self, runtime: StageRuntime, next_addr: tuple[str, int] | None, *,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0, on_session_end: Any = None) -> None:
         self.runtime = runtime
+        self.on_session_end = on_session_end  # called with a SessionStats
         self.next_addr = next_addr
         self.connect_timeout = connect_timeout
         self._lock = trio.Lock()
@@ -117,13 +136,16 @@ class StageServer:
         async with self._lock:
             with trio.CancelScope() as self._scope:
                 self.sessions += 1
+                session = _Session(self, up)
                 try:
-                    await _Session(self, up).run()
+                    await session.run()
                 except (StageDisconnected, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     logger.info("stage {}: session ended: {}", self.runtime.layers, exc)
                 finally:
                     with trio.CancelScope(shield=True):
                         await up.aclose()
+                    if self.on_session_end is not None and session.stats.decodes:
+                        self.on_session_end(session.stats)
 
 
 class _Session:
@@ -136,6 +158,7 @@ class _Session:
         self.partial: list[Activations] = []
         self.up_lock = trio.Lock()
         self.chunks: dict[int, int] = {}
+        self.stats = SessionStats(self.rt.layers)
 
     async def run(self) -> None:
         try:
@@ -255,8 +278,10 @@ class _Session:
 
     async def _compute(self, inbox: trio.MemoryReceiveChannel) -> None:
         backlog: deque = deque()
+        idle_from = trio.current_time()
         async with inbox:
             async for first in inbox:
+                self.stats.idle_s += trio.current_time() - idle_from
                 backlog.append(first)
                 while True:
                     try:
@@ -290,6 +315,7 @@ class _Session:
                         return
                 if group:
                     await self._run(group)
+                idle_from = trio.current_time()
 
     async def _open(self, msg: Open) -> None:
         try:
@@ -337,13 +363,18 @@ class _Session:
             positions = np.concatenate([f.positions for f in frames])
             seq_ids = np.concatenate([np.full(f.n_tokens, s, np.int32) for mb, seqs in good for f, s in zip(mb.frames, seqs)])
             outputs = np.concatenate([_last_row(f.n_tokens, f.want_logits) for f in frames])
+            t0 = trio.current_time()
             try:
                 result = await trio.to_thread.run_sync(self.rt.decode, hidden, positions, seq_ids, outputs)
+                self.stats.decodes += 1
+                self.stats.micro_batches += len(good)
+                self.stats.tokens += len(positions)
             except NoKvSlotError as exc:
                 self._fail(good, "no_kv_slot", exc)
             except SkippyError as exc:
                 logger.warning("stage {}: decode failed: {!r}", self.rt.layers, exc)
                 self._fail(good, "decode_failed", exc)
+            self.stats.busy_s += trio.current_time() - t0
         if result is not None and not self.rt.last:
             await self._forward(good, result)
         elif result is not None:
@@ -422,9 +453,10 @@ def _peer(stream: FrameStream) -> str:
 
 
 async def serve_stage(runtime: StageRuntime, host: str, port: int, next_addr: tuple[str, int] | None = None, *,
+                      on_session_end: Any = None,
                       task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve `runtime` on host:port until cancelled; `task_status` gets the bound port."""
-    server = StageServer(runtime, next_addr)
+    server = StageServer(runtime, next_addr, on_session_end=on_session_end)
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     logger.info("stage {} listening on {}:{}{}", runtime.layers, host, bound,
