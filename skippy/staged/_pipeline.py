@@ -273,7 +273,8 @@ class PipelineRuntime:
         for part in split_step(seq_ids, outputs, self.micro_batches):
             rows = np.concatenate([np.arange(seg.start, seg.stop) for seg in part])
             t0 = time.perf_counter()
-            hidden = self.local.decode(tokens[rows], positions[rows], seq_ids[rows], np.zeros(len(rows), bool))
+            # every row is an output of a stage before the last (its hidden state goes down)
+            hidden = self.local.decode(tokens[rows], positions[rows], seq_ids[rows], np.ones(len(rows), bool))
             frames: list[Message] = []
             sampled: list[int] = []
             row = 0

@@ -181,8 +181,13 @@ class _Session:
 
     async def _greet(self) -> bool:
         rt = self.rt
-        with trio.move_on_after(HELLO_TIMEOUT_S):
-            hello = await self.up.receive()
+        hello = None
+        try:
+            with trio.move_on_after(HELLO_TIMEOUT_S):
+                hello = await self.up.receive()
+        except FrameError as exc:
+            await self._refuse(f"a malformed first frame: {exc}", code="bad_frame")
+            return False
         if not isinstance(hello, Hello):
             await self._refuse(f"expected Hello first, got {type(hello).__name__}")
             return False
@@ -362,7 +367,10 @@ class _Session:
             hidden = frames[0].hidden if len(frames) == 1 else np.concatenate([f.hidden for f in frames])
             positions = np.concatenate([f.positions for f in frames])
             seq_ids = np.concatenate([np.full(f.n_tokens, s, np.int32) for mb, seqs in good for f, s in zip(mb.frames, seqs)])
-            outputs = np.concatenate([_last_row(f.n_tokens, f.want_logits) for f in frames])
+            if self.rt.last:
+                outputs = np.concatenate([_last_row(f.n_tokens, f.want_logits) for f in frames])
+            else:  # a stage before the last hands every row's hidden state down
+                outputs = np.ones(len(positions), dtype=bool)
             t0 = trio.current_time()
             try:
                 result = await trio.to_thread.run_sync(self.rt.decode, hidden, positions, seq_ids, outputs)
