@@ -257,7 +257,7 @@ def _stage(args: argparse.Namespace) -> int:
 def _pipeline(args: argparse.Namespace) -> int:
     """K stage processes on loopback; this process is stage 0 and serves the OpenAI API."""
     from .native import Model
-    from .staged import boundary_rule, even_split, validate_split
+    from .staged import balanced_split, boundary_rule, layer_costs, validate_split
     from .staged._launch import launch_stages
     from .staged._pipeline import open_pipeline, parse_addr
 
@@ -268,7 +268,8 @@ def _pipeline(args: argparse.Namespace) -> int:
         splits = [_layer_range(part) for part in args.layers.split(",")]
         validate_split(splits, n_layer, allowed=boundary_rule(arch))
     else:
-        splits = even_split(n_layer, args.stages, allowed=boundary_rule(arch))
+        per_layer, head = layer_costs(path)  # equal compute per stage, the output head on the last
+        splits = balanced_split(per_layer, head, args.stages, allowed=boundary_rule(arch))
     options = ["--n-batch", str(args.n_batch), "--threads", str(args.threads), "--floor-ctx", str(args.floor_ctx)]
     options += ["--n-ctx", str(args.n_ctx)] if args.n_ctx else []
     options += ["--memory", str(args.memory)] if args.memory else []
@@ -382,7 +383,8 @@ def _parser() -> argparse.ArgumentParser:
     where = pipe.add_mutually_exclusive_group()
     where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
     where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
-    pipe.add_argument("--stages", type=int, default=2, help="stages (layers split evenly, family cut rules kept)")
+    pipe.add_argument("--stages", type=int, default=2,
+                      help="stages (about equal compute each, the output head counted; family cut rules kept)")
     pipe.add_argument("--layers", default=None, help="explicit split, e.g. 0:10,10:20,20:30 (overrides --stages)")
     pipe.add_argument("--host", default="127.0.0.1", help="bind address of the API (default: loopback only)")
     pipe.add_argument("--port", type=int, default=8080)

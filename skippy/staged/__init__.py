@@ -10,15 +10,15 @@ from ._frames import (
     StepEnd, Token, decode, decode_header, decode_payload, encode,
 )
 from ._splits import (
-    PINNED_N_LAYER, PINNED_SPLITS, SplitError, boundary_rule, even_split, pipeline_ceiling, plan_split, validate_split,
+    PINNED_N_LAYER, PINNED_SPLITS, SplitError, balanced_split, boundary_rule, even_split, pipeline_ceiling, plan_split, validate_split,
 )
-from ._stage_plan import PipelinePlan, StagePlan, plan_pipeline
+from ._stage_plan import PipelinePlan, StagePlan, layer_costs, plan_pipeline
 from ._transport import FrameStream, StageDisconnected, connect
 
 __all__ = [
     "DEFAULT_MAX_FRAME_BYTES", "HEADER_SIZE", "PINNED_N_LAYER", "PINNED_SPLITS", "VERSION", "Activations", "Error",
     "FrameError", "FrameStream", "Hello", "Kind", "Message", "Open", "PipelinePlan", "Release", "SplitError",
-    "StageDisconnected", "StagePlan", "StepEnd",
+    "StageDisconnected", "StagePlan", "StepEnd", "balanced_split", "layer_costs",
     "Token", "boundary_rule", "connect", "decode", "decode_header", "decode_payload", "encode", "even_split",
     "pipeline_ceiling", "plan_pipeline", "plan_split", "validate_split",
 ]

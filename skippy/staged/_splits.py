@@ -125,6 +125,29 @@ def even_split(n_layer: int, n_stages: int, allowed: Callable[[int], bool] | Non
     return plan_split(n_layer, [n_layer] * n_stages, 1, allowed=allowed)
 
 
+def balanced_split(
+    layer_cost: Sequence[int], head_cost: int, n_stages: int, allowed: Callable[[int], bool] | None = None
+) -> Split:
+    """Stages of about equal compute, the output head counted on the last stage.
+
+    A decode step through a pipeline goes at the pace of its slowest stage, and the head
+    (n_vocab x n_embd) is often worth several layers (SmolLM2: 8 of its 30); an even split
+    of the layers leaves the last stage the bottleneck. Costs are any additive measure
+    (parameter counts in `layer_costs`)."""
+    per_layer = list(layer_cost)
+    share = -(-(sum(per_layer) + head_cost) // n_stages)
+    error: SplitError | None = None
+    for slack in range(1, len(per_layer) + 1):  # a share each, plus rounding slack where cuts are sparse
+        budget = share + slack * max(per_layer)
+        fixed = [0] * (n_stages - 1) + [min(head_cost, budget - min(per_layer))]
+        try:
+            return plan_split(len(per_layer), [budget] * n_stages, per_layer, fixed, allowed=allowed)
+        except SplitError as exc:
+            error = exc
+    assert error is not None
+    raise error
+
+
 # -- family boundary rules and pinned splits
 
 QWEN3NEXT_FULL_ATTENTION_INTERVAL = 2  # the synthetic model's; layer i is attention iff (i + 1) % interval == 0

@@ -8,6 +8,7 @@ pipeline carries the fewest sessions any stage can: the weakest node bounds it.
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Mapping, Sequence
 
 import attrs
@@ -16,6 +17,8 @@ from .._plan import plan_for
 from ..native import Model
 from ..scheduling.lanes import LanePlan, PlanError
 from ._splits import pipeline_ceiling
+
+_BLOCK = re.compile(r"blk\.(\d+)\.")
 
 
 @attrs.frozen
@@ -38,6 +41,24 @@ class PipelinePlan:
     def bounding_stage(self) -> int:
         """Which stage sets the ceiling (the first, where several do)."""
         return min(range(len(self.stages)), key=lambda i: self.stages[i].lanes.ceiling)
+
+
+def layer_costs(path: os.PathLike[str] | str) -> tuple[list[int], int]:
+    """Parameters per layer and in the output head (the token embedding when tied), read from
+    the GGUF's tensor table: a compute proxy for balanced_split, with no weights loaded."""
+    from gguf import GGUFReader
+
+    reader = GGUFReader(os.fspath(path))
+    per_layer: dict[int, int] = {}
+    named = {}
+    for tensor in reader.tensors:
+        match = _BLOCK.match(tensor.name)
+        if match:
+            per_layer[int(match.group(1))] = per_layer.get(int(match.group(1)), 0) + int(tensor.n_elements)
+        else:
+            named[tensor.name] = int(tensor.n_elements)
+    head = named.get("output.weight", named.get("token_embd.weight", 0))
+    return [per_layer.get(i, 0) for i in range(max(per_layer) + 1)], head
 
 
 def plan_pipeline(

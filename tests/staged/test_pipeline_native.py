@@ -78,7 +78,7 @@ CASES = [(name, k) for name in SYNTH + ["smollm2"] for k in (2, 3)] + [("gemma3"
 @pytest.mark.parametrize(("name", "n_stages"), CASES)
 async def test_sessions_through_the_pipeline_get_their_solo_tokens(name, n_stages, request, synth_model_path):
     path = _path(name, request, synth_model_path)
-    n, max_tokens = (6, 6) if name in ("smollm2", "gemma3") else (8, 10)
+    n, max_tokens = {"smollm2": (6, 6), "gemma3": (4, 5)}.get(name, (8, 10))
     prompts = _prompts(n, 1000 if name in ("smollm2", "gemma3") else 260)
     with trio.fail_after(600):
         async with open_engine(path, n_ctx=N_CTX, n_batch=N_BATCH, threads=2, prefix_cache=False) as engine:
@@ -180,3 +180,27 @@ async def test_a_malformed_frame_is_refused_and_the_stage_serves_on(synth_model_
                 assert [len(t) for t in got] == [3, 3]
             nursery.cancel_scope.cancel()
         last.close()
+
+
+async def test_f16_on_the_wire_serves_and_a_bad_wire_dtype_is_refused(synth_model_path):
+    """f16 halves the bytes between stages; it is not bit-exact, so only serving is asserted here
+    (and that the default f32 is what the exact-parity tests above run on)."""
+    from skippy.errors import InvalidInputError
+
+    path = synth_model_path("llama", deep=True)
+    splits = PINNED_SPLITS["llama"][2]
+    with trio.fail_after(120):
+        async with trio.open_nursery() as nursery:
+            runtimes, port = await _serve_stages(nursery, path, splits)
+            async with open_pipeline(path, splits[0][1], ("127.0.0.1", port), n_ctx=N_CTX, n_batch=N_BATCH,
+                                     wire_dtype="f16") as engine:
+                assert engine.runtime.wire_dtype == np.float16
+                got = await _concurrently(engine, _prompts(3, 260), GREEDY, 4)
+                assert [len(t) for t in got] == [4, 4, 4]
+            with pytest.raises(InvalidInputError, match="wire_dtype"):
+                async with open_pipeline(path, splits[0][1], ("127.0.0.1", port), n_ctx=N_CTX, n_batch=N_BATCH,
+                                         wire_dtype="bf16"):
+                    pass
+            nursery.cancel_scope.cancel()
+        for rt in runtimes:
+            rt.close()

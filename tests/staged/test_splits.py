@@ -207,3 +207,31 @@ def test_pipeline_ceiling_is_the_weakest_stage_and_component():
 def test_pipeline_ceiling_refuses_missing_reports(ceilings, problem):
     with pytest.raises(InvalidInputError, match=problem):
         pipeline_ceiling(ceilings)
+
+
+# -- balanced_split: equal compute per stage, the output head on the last
+
+
+def test_balanced_split_moves_layers_off_the_stage_with_the_head():
+    from skippy.staged import balanced_split
+
+    # SmolLM2's shape: 30 equal layers, a head worth 8 of them
+    assert balanced_split([1] * 30, 8, 2) == [(0, 19), (19, 30)]
+    assert balanced_split([1] * 30, 8, 3) == [(0, 13), (13, 25), (25, 30)]
+
+
+def test_balanced_split_without_a_head_is_even():
+    from skippy.staged import balanced_split
+
+    for n_layer, k in [(6, 2), (6, 3), (30, 3), (7, 2)]:
+        assert balanced_split([5] * n_layer, 0, k) == even_split(n_layer, k)
+
+
+def test_balanced_split_keeps_the_cut_rule_and_every_stage_a_layer():
+    from skippy.staged import balanced_split
+
+    qwen = [2, 3] * 4  # recurrent, attention, ...: cuts only at even boundaries
+    split = balanced_split(qwen, 1, 3, allowed=boundary_rule("qwen3next"))
+    assert split == [(0, 4), (4, 6), (6, 8)]
+    # a head bigger than all layers together still leaves the last stage one layer
+    assert balanced_split([1] * 18, 30, 3) == [(0, 9), (9, 17), (17, 18)]
