@@ -28,16 +28,19 @@ from skippy.staged import PINNED_SPLITS, balanced_split, layer_costs
 from skippy.staged._launch import launch_stages
 from skippy.staged._pipeline import open_pipeline, parse_addr
 
-# name -> (stages, threads per stage, micro-batches per step (None = one per stage), split)
+# name -> (stages, threads per stage, micro-batches per step (None = one per stage), split, groups)
 # "even": the pinned splits, layers shared evenly; "balanced": balanced_split, the output head
-# (8 layers' worth of parameters in SmolLM2) counted on the last stage
+# (8 layers' worth of parameters in SmolLM2) counted on the last stage; groups: engines at stage
+# 0 whose steps interleave (cross-step pipelining)
 CONFIGS = {
-    "one process": (1, 2, None, None),
-    "2 stages, even": (2, 1, None, "even"),
-    "2 stages, balanced": (2, 1, None, "balanced"),
-    "3 stages, even": (3, 1, None, "even"),
-    "3 stages, balanced": (3, 1, None, "balanced"),
-    "3 stages, balanced, no micro-batches": (3, 1, 1, "balanced"),
+    "one process": (1, 2, None, None, 1),
+    "2 stages, even": (2, 1, None, "even", 1),
+    "2 stages, balanced": (2, 1, None, "balanced", 1),
+    "2 stages, balanced, 2 groups": (2, 1, None, "balanced", 2),
+    "3 stages, even": (3, 1, None, "even", 1),
+    "3 stages, balanced": (3, 1, None, "balanced", 1),
+    "3 stages, balanced, no micro-batches": (3, 1, 1, "balanced", 1),
+    "3 stages, balanced, 2 groups": (3, 1, None, "balanced", 2),
 }
 STATS = re.compile(r"layers (\d+):(\d+): (\d+) decodes of (\d+) micro-batches, (\d+) tokens, "
                    r"busy ([\d.]+) s, idle ([\d.]+) s")
@@ -69,7 +72,7 @@ async def drive(engine, sessions: int, gen: int) -> dict:
 
 
 async def run_one(path: Path, name: str, sessions: int, gen: int, n_ctx: int) -> dict:
-    n_stages, threads, micro, split = CONFIGS[name]
+    n_stages, threads, micro, split, groups = CONFIGS[name]
     row: dict = {"config": name, "stages": n_stages, "threads_per_stage": threads, "N": sessions}
     if n_stages == 1:
         async with open_engine(path, n_ctx=n_ctx, n_batch=512, threads=threads, prefix_cache=False) as engine:
@@ -86,13 +89,15 @@ async def run_one(path: Path, name: str, sessions: int, gen: int, n_ctx: int) ->
     stages = launch_stages(path, splits, options=["--threads", str(threads), "--n-ctx", str(n_ctx), "--n-batch", "512"])
     try:
         async with open_pipeline(path, splits[0][1], parse_addr(stages[0].addr), n_ctx=n_ctx, n_batch=512,
-                                 threads=threads, micro_batches=micro) as engine:
-            await drive(engine, 1, 2)
-            rt = engine.runtime
-            rt.compute_s = rt.wait_s = 0.0
+                                 threads=threads, micro_batches=micro, groups=groups) as engine:
+            await drive(engine, groups, 2)  # warm-up, every group
+            runtimes = [e.runtime for e in getattr(engine, "engines", [engine])]
+            for rt in runtimes:
+                rt.compute_s = rt.wait_s = 0.0
             row.update(await drive(engine, sessions, gen))
-            row["micro_batches"] = rt.micro_batches
-            row["stage0_compute_s"], row["stage0_wait_s"] = rt.compute_s, rt.wait_s
+            row["micro_batches"], row["groups"] = runtimes[0].micro_batches, groups
+            row["stage0_compute_s"] = sum(rt.compute_s for rt in runtimes)
+            row["stage0_wait_s"] = sum(rt.wait_s for rt in runtimes)
     finally:
         for stage in stages:
             stage.stop()

@@ -215,7 +215,8 @@ def _stage_options(args: argparse.Namespace) -> dict:
 
 def _pipeline_config(args: argparse.Namespace) -> dict:
     return {"n_batch": args.n_batch, "threads": args.threads, "max_waiting": args.max_waiting,
-            **_sizing_config(args), "micro_batches": args.micro_batches, "wire_dtype": args.wire_dtype}
+            **_sizing_config(args), "micro_batches": args.micro_batches, "wire_dtype": args.wire_dtype,
+            "groups": args.groups}
 
 
 def _stage(args: argparse.Namespace) -> int:
@@ -285,11 +286,28 @@ def _pipeline(args: argparse.Namespace) -> int:
             stage.stop()
 
 
+def _add_model_options(parser: argparse.ArgumentParser) -> None:
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
+    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+
+
+def _add_server_options(parser: argparse.ArgumentParser, who: str = "") -> None:
+    parser.add_argument("--served-model-name", default=None,
+                        help=f"{who}the model id clients use (default: the file name)")
+    parser.add_argument("--max-waiting", type=int, default=256, help=f"{who}waiting-queue bound; past it: HTTP 429")
+    parser.add_argument("--shutdown-deadline", type=float, default=30.0,
+                        help=f"{who}seconds in-flight requests may take to finish after SIGINT/SIGTERM")
+
+
 def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--micro-batches", type=int, default=None,
                         help="parts each step is cut into so the stages overlap (default: the number of stages)")
     parser.add_argument("--wire-dtype", choices=["f32", "f16"], default="f32",
                         help="hidden states on the wire; f16 halves the bytes but is not bit-exact")
+    parser.add_argument("--groups", type=int, default=1,
+                        help="engines at stage 0 whose steps interleave in the pipeline (sessions, lanes and "
+                             "stage-0 cells split across them); fills the bubble at the step boundary")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -316,9 +334,7 @@ def _parser() -> argparse.ArgumentParser:
 
     gen = sub.add_parser("generate", help="generate text from a prompt (greedy unless --temperature)")
     gen.add_argument("prompt")
-    where = gen.add_mutually_exclusive_group()
-    where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
-    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    _add_model_options(gen)
     gen.add_argument("--max-tokens", type=int, default=64)
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
@@ -326,9 +342,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.set_defaults(func=_generate)
 
     demo = sub.add_parser("demo", help="N concurrent sessions through one engine; ends with one JSON line")
-    where = demo.add_mutually_exclusive_group()
-    where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
-    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    _add_model_options(demo)
     demo.add_argument("--sessions", type=int, default=16)
     demo.add_argument("--max-tokens", type=int, default=32)
     demo.add_argument("--threads", type=int, default=2)
@@ -340,49 +354,36 @@ def _parser() -> argparse.ArgumentParser:
     demo.set_defaults(func=_demo)
 
     plan = sub.add_parser("plan", help="the lane plan the engine would use: pool cells, ceiling, bytes per component")
-    where = plan.add_mutually_exclusive_group()
-    where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
-    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    _add_model_options(plan)
     _add_sizing_options(plan)
     _add_prefix_options(plan)
     plan.add_argument("--json", action="store_true", help="one JSON line")
     plan.set_defaults(func=_plan)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)")
-    where = serve.add_mutually_exclusive_group()
-    where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
-    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    _add_model_options(serve)
     serve.add_argument("--host", default="127.0.0.1", help="bind address (default: loopback only)")
     serve.add_argument("--port", type=int, default=8080)
-    serve.add_argument("--served-model-name", default=None, help="the model id clients use (default: the file name)")
     serve.add_argument("--threads", type=int, default=2)
     _add_sizing_options(serve)
-    serve.add_argument("--max-waiting", type=int, default=256, help="waiting-queue bound; past it: HTTP 429")
+    _add_server_options(serve)
     _add_prefix_options(serve)
-    serve.add_argument("--shutdown-deadline", type=float, default=30.0,
-                       help="seconds in-flight requests may take to finish after SIGINT/SIGTERM")
     serve.set_defaults(func=_serve)
 
     stage = sub.add_parser("stage", help="one stage of a pipeline: layers A:B on --listen, handing down to --next")
-    where = stage.add_mutually_exclusive_group()
-    where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
-    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    _add_model_options(stage)
     stage.add_argument("--layers", type=_layer_range, required=True, help="A:B, this stage's layers [A, B)")
     stage.add_argument("--listen", required=True,
                        help="HOST:PORT; stage 0 serves the OpenAI API there, later stages the next stage's link")
     stage.add_argument("--next", default=None, help="HOST:PORT of the next stage (none for the last)")
     stage.add_argument("--threads", type=int, default=2)
     _add_sizing_options(stage)
-    stage.add_argument("--served-model-name", default=None, help="stage 0: the model id clients use")
-    stage.add_argument("--max-waiting", type=int, default=256, help="stage 0: waiting-queue bound; past it: HTTP 429")
-    stage.add_argument("--shutdown-deadline", type=float, default=30.0, help="stage 0: seconds to drain on SIGTERM")
+    _add_server_options(stage, "stage 0: ")
     _add_pipeline_options(stage)
     stage.set_defaults(func=_stage)
 
     pipe = sub.add_parser("pipeline", help="K stage processes on loopback, the OpenAI API served from stage 0")
-    where = pipe.add_mutually_exclusive_group()
-    where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
-    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    _add_model_options(pipe)
     pipe.add_argument("--stages", type=int, default=2,
                       help="stages (about equal compute each, the output head counted; family cut rules kept)")
     pipe.add_argument("--layers", default=None, help="explicit split, e.g. 0:10,10:20,20:30 (overrides --stages)")
@@ -390,9 +391,7 @@ def _parser() -> argparse.ArgumentParser:
     pipe.add_argument("--port", type=int, default=8080)
     pipe.add_argument("--threads", type=int, default=2, help="threads per stage")
     _add_sizing_options(pipe)
-    pipe.add_argument("--served-model-name", default=None, help="the model id clients use (default: the file name)")
-    pipe.add_argument("--max-waiting", type=int, default=256, help="waiting-queue bound; past it: HTTP 429")
-    pipe.add_argument("--shutdown-deadline", type=float, default=30.0, help="seconds to drain on SIGTERM")
+    _add_server_options(pipe)
     _add_pipeline_options(pipe)
     pipe.set_defaults(func=_pipeline)
     return parser

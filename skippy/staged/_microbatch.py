@@ -72,7 +72,7 @@ def split_step(seq_ids: np.ndarray, outputs: np.ndarray, parts: int) -> list[lis
 
 # Error codes that end a session (every stage frees what it held); any other Error answers one
 # micro-batch, in its place in the order.
-SESSION_ENDING = frozenset({"bad_hello", "bad_frame", "stage_lost", "stage_unreachable"})
+SESSION_ENDING = frozenset({"bad_hello", "bad_frame", "stage_lost", "stage_unreachable", "stage_failed"})
 
 
 class NoLaneError(SkippyError):

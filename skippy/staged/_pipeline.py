@@ -21,7 +21,8 @@ import threading
 import time
 from collections import deque
 from contextlib import asynccontextmanager
-from typing import Any, AsyncIterator, Sequence
+from contextlib import AsyncExitStack
+from typing import Any, AsyncIterator, Iterator, Sequence
 
 import attrs
 import numpy as np
@@ -216,7 +217,8 @@ class PipelineRuntime:
     share_exact = False
 
     def __init__(self, local: ContextRuntime, link: PipelineLink, *, micro_batches: int, wire_dtype: str = "f32",
-                 answer_timeout: float = 300.0) -> None:
+                 answer_timeout: float = 300.0, ids: Iterator[int] | None = None,
+                 steps: Iterator[int] | None = None) -> None:
         if wire_dtype not in WIRE_DTYPES:
             raise InvalidInputError(f"wire_dtype must be one of {sorted(WIRE_DTYPES)}, got {wire_dtype!r}")
         self.local, self.link = local, link
@@ -226,10 +228,11 @@ class PipelineRuntime:
         self.micro_batches = max(1, micro_batches)
         self.wire_dtype = WIRE_DTYPES[wire_dtype]
         self.answer_timeout = answer_timeout
-        self._ids = itertools.count(1)  # request id 0 means "no request" in Error frames
+        # request id 0 means "no request" in Error frames; groups over one link share the counters
+        self._ids = ids if ids is not None else itertools.count(1)
         self._held: dict[int, tuple[int, int]] = {}  # seq -> (request id, session epoch)
         self._chunks: dict[int, int] = {}
-        self._steps = itertools.count()
+        self._steps = steps if steps is not None else itertools.count()
         self._aborted = threading.Event()
         # where stage 0's step time went: its own layers, or waiting for the stages below
         self.compute_s = 0.0
@@ -398,52 +401,71 @@ def parse_addr(text: str) -> tuple[str, int]:
 
 @asynccontextmanager
 async def open_pipeline(model: Any, layer_end: int, next_addr: tuple[str, int], *, micro_batches: int | None = None,
-                        wire_dtype: str = "f32", connect_timeout: float = 10.0, **config: Any) -> AsyncIterator[Any]:
+                        wire_dtype: str = "f32", connect_timeout: float = 10.0, groups: int = 1,
+                        **config: Any) -> AsyncIterator[Any]:
     """An Engine whose stage 0 holds layers [0, layer_end) and whose later stages listen from
-    `next_addr` on. Lanes and cells are the fewest any stage holds, learnt from the chain."""
+    `next_addr` on. Lanes and cells are the fewest any stage holds, learnt from the chain.
+
+    `groups` > 1 splits the sessions, lanes and stage-0 cells across that many engines over
+    the same link (see skippy.staged._groups): their steps interleave in the pipeline."""
     from ..engine import EngineConfig, open_engine
     from ..models import resolve_model
     from ..native import ensure_built
+    from ._groups import PipelineEngine
 
     if config.get("prefix_cache"):
         raise InvalidInputError("the prefix cache is not carried down a pipeline: leave prefix_cache off")
+    if not isinstance(groups, int) or groups < 1:
+        raise InvalidInputError(f"groups must be an integer >= 1, got {groups!r}")
     config = {**config, "prefix_cache": False}
     cfg = EngineConfig(**config)
     ensure_built(progress=False)
     path = resolve_model(model) if model is None or isinstance(model, (str, os.PathLike)) else model
     local_model = Model(path, repack=not cfg.batch_invariant, layers=(0, layer_end))
+    locals_: list[ContextRuntime] = []
     try:
         if not local_model.returns_hidden:
             raise InvalidInputError(f"stage 0 with layers [0, {layer_end}) is the whole model: nothing to hand down")
         hello = Hello(0, 1, 0, layer_end, local_model.n_layer, local_model.n_embd, file_digest(path))
         link = PipelineLink(next_addr, hello, connect_timeout=connect_timeout)
-    except BaseException:
-        local_model.close()
-        raise
-    try:
         below = await link.probe()  # before any nursery: a refusal raises as itself
         threads = cfg.threads or min(8, os.cpu_count() or 1)
         base = dict(n_batch=cfg.n_batch, n_ubatch=cfg.n_batch, threads=threads, batch_invariant=cfg.batch_invariant)
         n_ctx = min(cfg.n_ctx or 4096, below.cells)
-        requested = min(cfg.n_seq_max or below.lanes, below.lanes)
-        plan = plan_for(local_model, base, n_ctx=n_ctx, requested=requested,
+        lanes = min(cfg.n_seq_max or below.lanes, below.lanes)
+        if lanes < groups:
+            raise InvalidInputError(f"{groups} groups need at least {groups} lanes; the pipeline holds {lanes}")
+        plan = plan_for(local_model, base, n_ctx=n_ctx // groups, requested=lanes // groups,
                         floor_ctx_per_session=cfg.floor_ctx_per_session, measure=False)
-        local = ContextRuntime(local_model, ContextOptions(**base, n_ctx=plan.n_ctx, n_seq_max=plan.n_seq_max),
-                               own_model=True)
+        for _ in range(groups):
+            locals_.append(ContextRuntime(local_model, ContextOptions(
+                **base, n_ctx=plan.n_ctx, n_seq_max=plan.n_seq_max)))
     except BaseException:
+        for local in locals_:
+            local.close()
         local_model.close()
         raise
-    link.required = (plan.ceiling, plan.n_ctx)
-    async with trio.open_nursery() as nursery:
-        await nursery.start(link.run)
-        runtime = PipelineRuntime(local, link, micro_batches=micro_batches or below.n_stages, wire_dtype=wire_dtype)
-        info = PipelineInfo(below.n_stages, (0, layer_end), local_model.n_layer, below.lanes, below.cells,
-                            runtime.micro_batches)
-        logger.info("pipeline: stage 0 holds layers [0, {}), {} stages, ceiling {} ({} below), n_ctx {}",
-                    layer_end, info.n_stages, plan.ceiling, below.lanes, plan.n_ctx)
-        try:
-            async with open_engine(runtime, **{**config, "n_seq_max": plan.ceiling}) as engine:
-                engine.pipeline = info
-                yield engine
-        finally:
-            nursery.cancel_scope.cancel()
+    link.required = (plan.ceiling * groups, plan.n_ctx * groups)
+    ids, steps = itertools.count(1), itertools.count()
+    runtimes = [PipelineRuntime(local, link, micro_batches=micro_batches or below.n_stages, wire_dtype=wire_dtype,
+                                ids=ids, steps=steps) for local in locals_]
+    info = PipelineInfo(below.n_stages, (0, layer_end), local_model.n_layer, below.lanes, below.cells,
+                        runtimes[0].micro_batches)
+    logger.info("pipeline: stage 0 holds layers [0, {}), {} stages, {} group(s) of ceiling {} ({} below), n_ctx {}",
+                layer_end, info.n_stages, groups, plan.ceiling, below.lanes, plan.n_ctx)
+    engines: list[Any] = []
+    try:
+        async with trio.open_nursery() as nursery, AsyncExitStack() as stack:
+            await nursery.start(link.run)
+            try:
+                for runtime in runtimes:  # each engine closes its runtime (and so its context)
+                    engines.append(await stack.enter_async_context(
+                        open_engine(runtime, **{**config, "n_seq_max": plan.ceiling})))
+                    engines[-1].pipeline = info
+                yield engines[0] if groups == 1 else PipelineEngine(engines, info)
+            finally:
+                nursery.cancel_scope.cancel()
+    finally:
+        for runtime in runtimes[len(engines):]:  # never reached an engine (one failed to open)
+            runtime.close()
+        local_model.close()

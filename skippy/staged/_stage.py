@@ -141,6 +141,10 @@ class StageServer:
                     await session.run()
                 except (StageDisconnected, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     logger.info("stage {}: session ended: {}", self.runtime.layers, exc)
+                except Exception as exc:  # a bug in one session must not take the stage down
+                    logger.opt(exception=exc).error("stage {}: session failed: {!r}", self.runtime.layers, exc)
+                    with trio.move_on_after(1.0):
+                        await up.send(Error(0, "stage_failed", f"stage {self.runtime.layers}: {exc!r}"))
                 finally:
                     with trio.CancelScope(shield=True):
                         await up.aclose()
@@ -383,25 +387,22 @@ class _Session:
                 logger.warning("stage {}: decode failed: {!r}", self.rt.layers, exc)
                 self._fail(good, "decode_failed", exc)
             self.stats.busy_s += trio.current_time() - t0
-        if result is not None and not self.rt.last:
-            await self._forward(good, result)
-        elif result is not None:
+        if result is not None and self.rt.last:
             self._sample(good, result)
-        await self._answer(group)
+        await self._answer(group, result)
 
     def _fail(self, good: list, code: str, exc: Exception) -> None:
         for mb, _ in good:
             mb.problem = Error(0, code, f"stage {self.rt.layers}: {exc}")
 
-    async def _forward(self, good: list, hidden: np.ndarray) -> None:
+    async def _forward(self, mb: _MicroBatch, hidden: np.ndarray, row: int) -> int:
         assert self.down is not None
-        row = 0
-        for mb, _ in good:
-            for f in mb.frames:
-                out = hidden[row:row + f.n_tokens].astype(f.hidden.dtype, copy=False)
-                row += f.n_tokens
-                await self.down.send(Activations(f.request_id, f.chunk, f.positions, out, f.want_logits, f.sampling))
-            await self.down.send(StepEnd(mb.step, len(mb.frames)))
+        for f in mb.frames:
+            out = hidden[row:row + f.n_tokens].astype(f.hidden.dtype, copy=False)
+            row += f.n_tokens
+            await self.down.send(Activations(f.request_id, f.chunk, f.positions, out, f.want_logits, f.sampling))
+        await self.down.send(StepEnd(mb.step, len(mb.frames)))
+        return row
 
     def _sample(self, good: list, logits: np.ndarray) -> None:
         row = 0
@@ -419,14 +420,19 @@ class _Session:
                 row += 1
             mb.answer = [*tokens, StepEnd(mb.step, len(tokens))]
 
-    async def _answer(self, group: list[_MicroBatch]) -> None:
+    async def _answer(self, group: list[_MicroBatch], result: np.ndarray | None) -> None:
+        """Each micro-batch's answer takes its place in the order before anything goes down: the
+        stage below may answer a forwarded one before the next is even sent."""
+        row = 0
         for mb in group:
             if mb.problem is not None:
                 self.order.answer_here([mb.problem])
             elif self.rt.last:
                 self.order.answer_here(mb.answer)
             else:
+                assert result is not None
                 self.order.expect_below()
+                row = await self._forward(mb, result, row)
         await self._send_up()
 
 

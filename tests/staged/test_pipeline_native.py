@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from contextlib import asynccontextmanager
+
 import numpy as np
 import pytest
 import trio
@@ -61,13 +63,21 @@ async def _concurrently(engine, prompts, sampling, max_tokens):
     return out
 
 
-async def _serve_stages(nursery, path, splits):
-    """Stages 1..K-1 in this process (their own contexts and schedulers); the port of stage 1."""
+@asynccontextmanager
+async def _stages(path, splits):
+    """Stages 1..K-1 served in this process (their own contexts and schedulers): (runtimes, port of stage 1)."""
     runtimes = [StageRuntime(path, layers, n_ctx=N_CTX, n_batch=N_BATCH, threads=2) for layers in splits[1:]]
-    port = None
-    for rt in reversed(runtimes):
-        port = await nursery.start(serve_stage, rt, "127.0.0.1", 0, None if port is None else ("127.0.0.1", port))
-    return runtimes, port
+    try:
+        async with trio.open_nursery() as nursery:
+            port = None
+            for rt in reversed(runtimes):
+                port = await nursery.start(serve_stage, rt, "127.0.0.1", 0,
+                                           None if port is None else ("127.0.0.1", port))
+            yield runtimes, port
+            nursery.cancel_scope.cancel()
+    finally:
+        for rt in runtimes:
+            rt.close()
 
 
 # Gemma-3 at 3 stages only (each stage then holds one of its global-attention layers; 2 stages
@@ -85,8 +95,7 @@ async def test_sessions_through_the_pipeline_get_their_solo_tokens(name, n_stage
             solo = {kind: [await _generate(engine, p, s, max_tokens) for p in prompts]
                     for kind, s in (("greedy", GREEDY), ("sampled", SAMPLED))}
         splits = PINNED_SPLITS[name][n_stages]
-        async with trio.open_nursery() as nursery:
-            runtimes, port = await _serve_stages(nursery, path, splits)
+        async with _stages(path, splits) as (runtimes, port):
             async with open_pipeline(path, splits[0][1], ("127.0.0.1", port), n_ctx=N_CTX, n_batch=N_BATCH,
                                      threads=2) as engine:
                 assert engine.pipeline.n_stages == n_stages
@@ -97,9 +106,6 @@ async def test_sessions_through_the_pipeline_get_their_solo_tokens(name, n_stage
                 # every later stage freed the finished requests' cells
                 await trio.sleep(0.2)
                 assert all(v == 0 for rt in runtimes for v in rt.ctx.ledger().used.values())
-            nursery.cancel_scope.cancel()
-        for rt in runtimes:
-            rt.close()
 
 
 async def test_the_pipeline_ceiling_is_the_weakest_stage(synth_model_path):
@@ -190,8 +196,7 @@ async def test_f16_on_the_wire_serves_and_a_bad_wire_dtype_is_refused(synth_mode
     path = synth_model_path("llama", deep=True)
     splits = PINNED_SPLITS["llama"][2]
     with trio.fail_after(120):
-        async with trio.open_nursery() as nursery:
-            runtimes, port = await _serve_stages(nursery, path, splits)
+        async with _stages(path, splits) as (runtimes, port):
             async with open_pipeline(path, splits[0][1], ("127.0.0.1", port), n_ctx=N_CTX, n_batch=N_BATCH,
                                      wire_dtype="f16") as engine:
                 assert engine.runtime.wire_dtype == np.float16
@@ -201,6 +206,42 @@ async def test_f16_on_the_wire_serves_and_a_bad_wire_dtype_is_refused(synth_mode
                 async with open_pipeline(path, splits[0][1], ("127.0.0.1", port), n_ctx=N_CTX, n_batch=N_BATCH,
                                          wire_dtype="bf16"):
                     pass
-            nursery.cancel_scope.cancel()
-        for rt in runtimes:
-            rt.close()
+
+
+@pytest.mark.parametrize("name", ["llama", "falcon-h1"])
+async def test_groups_interleave_steps_and_keep_solo_tokens(name, synth_model_path):
+    """Two engines over one link (cross-step pipelining): each session still gets its solo
+    tokens, the sessions spread over both groups, and the merged stats count them all."""
+    from skippy.staged._groups import PipelineEngine
+
+    path = synth_model_path(name, deep=True)
+    prompts = _prompts(8, 260)
+    with trio.fail_after(300):
+        async with open_engine(path, n_ctx=N_CTX, n_batch=N_BATCH, threads=2, prefix_cache=False) as engine:
+            solo = [await _generate(engine, p, SAMPLED, 8) for p in prompts]
+        splits = PINNED_SPLITS[name][3]
+        async with _stages(path, splits) as (runtimes, port):
+            async with open_pipeline(path, splits[0][1], ("127.0.0.1", port), n_ctx=N_CTX, n_batch=N_BATCH,
+                                     threads=1, groups=2) as engine:
+                assert isinstance(engine, PipelineEngine) and len(engine.engines) == 2
+                assert engine.lanes.ceiling == sum(e.lanes.ceiling for e in engine.engines) <= runtimes[0].lanes
+                assert all(e.runtime.n_ctx == N_CTX // 2 for e in engine.engines)
+                assert await _concurrently(engine, prompts, SAMPLED, 8) == solo
+                per_group = [e.stats().finished["length"] for e in engine.engines]
+                assert per_group == [4, 4]
+                stats = engine.stats()
+                assert stats.finished["length"] == 8 and stats.submitted == 8
+
+
+async def test_groups_are_refused_beyond_the_lanes(synth_model_path):
+    from skippy.errors import InvalidInputError
+
+    path = synth_model_path("llama", deep=True)
+    splits = PINNED_SPLITS["llama"][2]
+    with trio.fail_after(60):
+        async with _stages(path, splits) as (runtimes, port):
+            for groups, match in ((0, "groups must be"), (9, "9 groups need at least 9 lanes")):
+                with pytest.raises(InvalidInputError, match=match):
+                    async with open_pipeline(path, splits[0][1], ("127.0.0.1", port), n_ctx=N_CTX, n_batch=N_BATCH,
+                                             groups=groups):
+                        pass
