@@ -7,6 +7,7 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -52,5 +53,16 @@ def test_skippy_pipeline_three_stages_serves_the_openai_client(synth_model_path)
             proc.wait()
     assert proc.returncode == 0
     # the launcher stopped its stage processes with it
-    out = subprocess.run(["pgrep", "-f", f"skippy stage --model {path}"], capture_output=True, text=True)
-    assert out.stdout.strip() == ""
+    assert _processes_running(f"skippy\0stage\0--model\0{path}") == []
+
+
+def _processes_running(needle: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                pass  # it exited while we looked
+    return found
