@@ -247,7 +247,9 @@ class PipelineRuntime:
                       samplers: Sequence[Sampler]) -> np.ndarray:
         """One step through every stage: a token per output row, sampled by the last stage."""
         self._aborted.clear()
-        session: _Session = self._on_trio_async(self.link.ensure)
+        session = self.link.session  # read on this thread; only a dead or missing one needs the trio thread
+        if session is None or not session.alive:
+            session = self._on_trio_async(self.link.ensure)
         stale = sorted({int(s) for s in np.unique(seq_ids) if int(s) in self._held
                         and self._held[int(s)][1] != session.epoch})
         if stale:
