@@ -6,12 +6,28 @@ engine does. The sizing itself is pure (scheduling.lanes); this module only meas
 
 from __future__ import annotations
 
+import os
 from typing import Any, Mapping
 
 from .families import kv_class
 from .kv import ComponentKind
 from .native import Context, ContextOptions, Model
 from .scheduling.lanes import LanePlan, MemoryCosts, plan_lanes
+
+DEFAULT_N_CTX = 4096
+
+
+def pool_cells(n_ctx: int | None, memory_bytes: int | None) -> int | None:
+    """The cell pool asked for: `n_ctx`, else derived from a memory budget (None), else 4096."""
+    if n_ctx is not None:
+        return n_ctx
+    return None if memory_bytes is not None else DEFAULT_N_CTX
+
+
+def context_base(n_batch: int, threads: int | None, batch_invariant: bool) -> dict[str, Any]:
+    """The ContextOptions every engine and stage starts from: one ubatch per step."""
+    return dict(n_batch=n_batch, n_ubatch=n_batch, threads=threads or min(8, os.cpu_count() or 1),
+                batch_invariant=batch_invariant)
 
 
 def measure_costs(model: Model, options: Mapping[str, Any]) -> MemoryCosts:

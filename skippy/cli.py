@@ -209,7 +209,7 @@ def _layer_range(text: str) -> tuple[int, int]:
 
 
 def _stage_options(args: argparse.Namespace) -> dict:
-    return {"n_ctx": args.n_ctx if args.memory is None else None, "n_batch": args.n_batch, "n_seq_max": args.n_seq_max,
+    return {"n_ctx": args.n_ctx, "n_batch": args.n_batch, "n_seq_max": args.n_seq_max,
             "memory_bytes": args.memory, "threads": args.threads, "floor_ctx_per_session": args.floor_ctx}
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import trio
 from loguru import logger
 
+from ._plan import context_base, pool_cells
 from .actors._mail import deliver, poke
 from .actors.admission import AdmissionActor
 from .actors.composer import ComposerActor
@@ -91,8 +92,7 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
                           floor_ctx_per_session=1, prefix_fraction=_prefix_fraction(cfg, model.n_ctx))
         return model, plan
     try:
-        threads = cfg.threads or min(8, os.cpu_count() or 1)
-        base = dict(n_batch=cfg.n_batch, n_ubatch=cfg.n_batch, threads=threads, batch_invariant=cfg.batch_invariant)
+        base = context_base(cfg.n_batch, cfg.threads, cfg.batch_invariant)
         base.update(cfg.context_options)
         if not base.get("kv_unified", True):
             raise InvalidInputError("the scheduler needs unified KV (one shared cell pool); kv_unified=False is not supported")
@@ -112,7 +112,7 @@ def plan_engine(model: Any, cfg: EngineConfig, options: Mapping[str, Any], *, me
     """The lane plan of `cfg` over a loaded Model: what open_engine uses and `skippy plan` prints."""
     from ._plan import plan_for
 
-    n_ctx = cfg.n_ctx if cfg.n_ctx is not None else (None if cfg.memory_bytes is not None else 4096)
+    n_ctx = pool_cells(cfg.n_ctx, cfg.memory_bytes)
     return plan_for(model, options, n_ctx=n_ctx, requested=cfg.n_seq_max, reserved=_reserved(cfg),
                     floor_ctx_per_session=cfg.floor_ctx_per_session, memory_bytes=cfg.memory_bytes,
                     prefix_fraction=_prefix_fraction(cfg, n_ctx), measure=measure)

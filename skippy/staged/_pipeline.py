@@ -29,7 +29,7 @@ import numpy as np
 import trio
 from loguru import logger
 
-from .._plan import plan_for
+from .._plan import DEFAULT_N_CTX, context_base, plan_for
 from ..errors import (
     DecodeAbortedError, InvalidInputError, NoKvSlotError, StageFailedError, StageUnavailableError,
 )
@@ -431,9 +431,8 @@ async def open_pipeline(model: Any, layer_end: int, next_addr: tuple[str, int], 
         hello = Hello(0, 1, 0, layer_end, local_model.n_layer, local_model.n_embd, file_digest(path))
         link = PipelineLink(next_addr, hello, connect_timeout=connect_timeout)
         below = await link.probe()  # before any nursery: a refusal raises as itself
-        threads = cfg.threads or min(8, os.cpu_count() or 1)
-        base = dict(n_batch=cfg.n_batch, n_ubatch=cfg.n_batch, threads=threads, batch_invariant=cfg.batch_invariant)
-        n_ctx = min(cfg.n_ctx or 4096, below.cells)
+        base = context_base(cfg.n_batch, cfg.threads, cfg.batch_invariant)
+        n_ctx = min(cfg.n_ctx or DEFAULT_N_CTX, below.cells)
         lanes = min(cfg.n_seq_max or below.lanes, below.lanes)
         if lanes < groups:
             raise InvalidInputError(f"{groups} groups need at least {groups} lanes; the pipeline holds {lanes}")

@@ -23,7 +23,7 @@ import numpy as np
 import trio
 from loguru import logger
 
-from .._plan import plan_for
+from .._plan import context_base, plan_for, pool_cells
 from ..errors import InvalidInputError, NoKvSlotError, SkippyError
 from ..native import Batch, Context, ContextOptions, Model
 from ..runtime import file_digest
@@ -40,7 +40,7 @@ INBOX_FRAMES = 256  # frames read ahead from upstream; past it TCP pushes back o
 class StageRuntime:
     """A stage after the first: the model's layers [a, b) fed hidden states, sized on its own node."""
 
-    def __init__(self, path: os.PathLike[str] | str, layers: tuple[int, int], *, n_ctx: int | None = 4096,
+    def __init__(self, path: os.PathLike[str] | str, layers: tuple[int, int], *, n_ctx: int | None = None,
                  n_batch: int = 512, n_seq_max: int | None = None, memory_bytes: int | None = None,
                  threads: int | None = None, batch_invariant: bool = True, floor_ctx_per_session: int = 128) -> None:
         self.model = Model(path, repack=not batch_invariant, layers=tuple(layers))
@@ -48,9 +48,8 @@ class StageRuntime:
             if not self.model.takes_hidden:
                 raise InvalidInputError(f"layers {tuple(layers)} start at layer 0: that is stage 0, which serves the "
                                         "requests (skippy stage with --layers 0:B runs the API front)")
-            base = dict(n_batch=n_batch, n_ubatch=n_batch, threads=threads or min(8, os.cpu_count() or 1),
-                        batch_invariant=batch_invariant)
-            self.plan: LanePlan = plan_for(self.model, base, n_ctx=n_ctx if memory_bytes is None else None,
+            base = context_base(n_batch, threads, batch_invariant)
+            self.plan: LanePlan = plan_for(self.model, base, n_ctx=pool_cells(n_ctx, memory_bytes),
                                            requested=n_seq_max, memory_bytes=memory_bytes,
                                            floor_ctx_per_session=floor_ctx_per_session, measure=False)
             self.ctx = Context(self.model, ContextOptions(**base, n_ctx=self.plan.n_ctx, n_seq_max=self.plan.n_seq_max))
@@ -161,7 +160,6 @@ class _Session:
         self.order = ReplyOrder()
         self.partial: list[Activations] = []
         self.up_lock = trio.Lock()
-        self.chunks: dict[int, int] = {}
         self.stats = SessionStats(self.rt.layers)
 
     async def run(self) -> None:
@@ -331,14 +329,12 @@ class _Session:
             self.lanes.open(msg.request_id)
         except NoLaneError as exc:
             self.refused[msg.request_id] = Error(msg.request_id, "no_lane", f"stage {self.rt.layers}: {exc}")
-        self.chunks[msg.request_id] = 0
         if self.down is not None:
             await self.down.send(msg)
 
     async def _release(self, msg: Release) -> None:
         seq = self.lanes.release(msg.request_id)
         self.refused.pop(msg.request_id, None)
-        self.chunks.pop(msg.request_id, None)
         if seq is not None:
             self.rt.seq_rm(seq)
         if self.down is not None:

@@ -245,3 +245,16 @@ async def test_groups_are_refused_beyond_the_lanes(synth_model_path):
                     async with open_pipeline(path, splits[0][1], ("127.0.0.1", port), n_ctx=N_CTX, n_batch=N_BATCH,
                                              groups=groups):
                         pass
+
+
+def test_a_stage_sizes_its_pool_like_the_engine(synth_model_path):
+    """`skippy stage` without --n-ctx: 4096 cells, as `skippy serve`; with a memory budget, derived."""
+    path = synth_model_path("llama", deep=True)
+    default = StageRuntime(path, (2, 4))
+    budgeted = StageRuntime(path, (2, 4), memory_bytes=1 << 20)
+    try:
+        assert default.cells == 4096
+        assert budgeted.plan.memory_bytes == 1 << 20 and budgeted.cells != 4096
+    finally:
+        default.close()
+        budgeted.close()
