@@ -47,7 +47,7 @@ STATS = re.compile(r"layers (\d+):(\d+): (\d+) decodes of (\d+) micro-batches, (
 
 
 async def drive(engine, sessions: int, gen: int) -> dict:
-    prompts = [engine.runtime.tokenize(prompt_for(i)) for i in range(sessions)]
+    prompts = [engine.tokenize(prompt_for(i)) for i in range(sessions)]
     ttft, tpot = [], []
     started = time.perf_counter()
 

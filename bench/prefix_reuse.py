@@ -31,8 +31,8 @@ async def run(model: Model, system_tokens: int, sessions: int, gen: int, cache: 
               n_ctx: int) -> dict:
     ttft: list[float] = []
     async with open_engine(model, n_ctx=n_ctx, n_batch=512, threads=threads, prefix_cache=cache) as engine:
-        system = shared_prefix(engine.runtime, system_tokens)
-        prompts = [np.concatenate([system, engine.runtime.tokenize(" " + prompt_for(i), add_special=False)])
+        system = shared_prefix(engine, system_tokens)
+        prompts = [np.concatenate([system, engine.tokenize(" " + prompt_for(i), add_special=False)])
                    for i in range(sessions)]
         started = time.perf_counter()
 

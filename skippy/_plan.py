@@ -1,7 +1,10 @@
 """The lane plan of a real model: measure what each memory component costs, then size.
 
-Shared by the engine (at load) and `skippy plan`, so what the command prints is what the
-engine does. The sizing itself is pure (scheduling.lanes); this module only measures.
+One sizing for every context skippy opens: the engine (`open_engine`, through
+`engine.plan_engine`), a pipeline's stage 0 (the same `plan_engine`, capped by what the
+stages below hold and divided among its groups) and a later stage (`StageRuntime`) all call
+`size_context`, and `skippy plan` prints what it returns. The sizing itself is pure
+(scheduling.lanes); this module only measures, caps and divides.
 """
 
 from __future__ import annotations
@@ -9,10 +12,13 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+import attrs
+
+from .errors import InvalidInputError
 from .families import kv_class
 from .kv import ComponentKind
 from .native import Context, ContextOptions, Model
-from .scheduling.lanes import LanePlan, MemoryCosts, plan_lanes
+from .scheduling.lanes import LanePlan, MemoryCosts, PlanError, plan_lanes
 
 DEFAULT_N_CTX = 4096
 
@@ -49,6 +55,44 @@ def measure_costs(model: Model, options: Mapping[str, Any]) -> MemoryCosts:
     )
 
 
+def size_context(
+    model: Model,
+    *,
+    n_ctx: int | None,
+    n_batch: int,
+    threads: int | None,
+    batch_invariant: bool,
+    memory_bytes: int | None = None,
+    n_seq_max: int | None = None,
+    floor_ctx_per_session: int = 128,
+    reserved: int = 0,
+    prefix_fraction: float = 0.0,
+    context_options: Mapping[str, Any] | None = None,
+    cells_cap: int | None = None,
+    lanes_cap: int | None = None,
+    split: int = 1,
+    measure: bool = False,
+) -> tuple[LanePlan, ContextOptions]:
+    """The lane plan of one context over `model` and the ContextOptions to open it with.
+
+    `n_ctx`, `memory_bytes` and `n_seq_max` are what the user asked for (`--n-ctx`, `--memory`,
+    `--n-seq-max`): the pool is `n_ctx`, else the largest the budget holds with its lanes, else
+    4096 (pool_cells). `cells_cap` / `lanes_cap` bound the pool and the ceiling from outside (a
+    pipeline's stage 0: what the stages below hold); `split` > 1 divides the pool, the budget,
+    the requested lanes and the caps among that many equal contexts (a stage 0's groups), and
+    the plan and options are each one's. Raises InvalidInputError (PlanError) when nothing fits.
+    """
+    options = context_base(n_batch, threads, batch_invariant)
+    options.update(context_options or {})
+    if not options.get("kv_unified", True):
+        raise InvalidInputError("the scheduler needs unified KV (one shared cell pool); kv_unified=False is not supported")
+    lanes = plan_for(model, options, n_ctx=pool_cells(n_ctx, memory_bytes), requested=n_seq_max, reserved=reserved,
+                     floor_ctx_per_session=floor_ctx_per_session, memory_bytes=memory_bytes,
+                     prefix_fraction=prefix_fraction, cells_cap=cells_cap, lanes_cap=lanes_cap, split=split,
+                     measure=measure)
+    return lanes, ContextOptions(**{**options, "n_ctx": lanes.n_ctx, "n_seq_max": lanes.n_seq_max})
+
+
 def plan_for(
     model: Model,
     options: Mapping[str, Any],
@@ -59,12 +103,41 @@ def plan_for(
     floor_ctx_per_session: int = 128,
     memory_bytes: int | None = None,
     prefix_fraction: float = 0.0,
+    cells_cap: int | None = None,
+    lanes_cap: int | None = None,
+    split: int = 1,
     measure: bool = True,
 ) -> LanePlan:
-    """The plan for `model` under these context options (n_ctx None: derived from memory_bytes)."""
+    """The plan for `model` under these context options (n_ctx None: derived from memory_bytes).
+
+    With caps and a split, as size_context says: each of `split` contexts gets 1/split of the
+    pool, the budget and the requested lanes; its pool is at most cells_cap / split (a derived
+    one is re-planned at the cap, within the same budget) and its ceiling at most lanes_cap / split."""
+    if not isinstance(split, int) or split < 1:
+        raise InvalidInputError(f"split must be an integer >= 1, got {split!r}")
     kv = kv_class(model.arch)
-    costs = measure_costs(model, options) if measure or kv.recurrent or memory_bytes is not None else None
-    return plan_lanes(kv, n_ctx, options["n_batch"], requested=requested, reserved=reserved,
-                      floor_ctx_per_session=floor_ctx_per_session, costs=costs, memory_bytes=memory_bytes,
-                      n_ubatch=options.get("n_ubatch"), prefix_fraction=prefix_fraction,
-                      )
+    memory = memory_bytes // split if memory_bytes is not None else None
+    pool = n_ctx if n_ctx is None or cells_cap is None else min(n_ctx, cells_cap)
+    cap_cells = cells_cap // split if cells_cap is not None else None
+    cap_lanes = lanes_cap // split if lanes_cap is not None else None
+    if pool is not None:
+        pool //= split
+    if requested is not None:
+        requested //= split
+    for what, value in (("cells", pool), ("lanes", requested), ("cells_cap", cap_cells), ("lanes_cap", cap_lanes)):
+        if value is not None and value < 1:
+            raise PlanError(f"{split} context(s) of {what} {value}: nothing fits")
+    costs = measure_costs(model, options) if measure or kv.recurrent or memory is not None else None
+
+    def plan(cells: int | None, lanes: int | None) -> LanePlan:
+        return plan_lanes(kv, cells, options["n_batch"], requested=lanes, reserved=reserved,
+                          floor_ctx_per_session=floor_ctx_per_session, costs=costs, memory_bytes=memory,
+                          n_ubatch=options.get("n_ubatch"), prefix_fraction=prefix_fraction)
+
+    lanes = plan(pool, requested)
+    if cap_cells is not None and lanes.n_ctx > cap_cells:  # a pool derived from the budget, over the cap
+        lanes = plan(cap_cells, requested)
+    if cap_lanes is not None and lanes.ceiling > cap_lanes:
+        lanes = plan(lanes.n_ctx, cap_lanes)
+        lanes = attrs.evolve(lanes, reason="lanes_cap" if split == 1 else "lanes_cap / split")
+    return lanes

@@ -60,6 +60,7 @@ def _generate(args: argparse.Namespace) -> int:
     from ._generate import generate_tokens
     from .native import Context, ContextOptions, Model, ensure_built
     from .sampling import Sampler, SamplingParams
+    from .scheduling.text import TextAssembler
 
     ensure_built()
     path = _resolve_checked(args)
@@ -69,14 +70,14 @@ def _generate(args: argparse.Namespace) -> int:
         n_ctx = min(max(model.n_ctx_train, 256), max(512, len(prompt) + args.max_tokens))
         opts = ContextOptions(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_seq_max=1, threads=args.threads)
         with Context(model, opts) as ctx:
-            stream = model.tokenizer.stream_decoder()
+            text = TextAssembler(())
             sys.stdout.write(args.prompt)
             for token in generate_tokens(ctx, prompt, args.max_tokens, sampler):
                 if model.tokenizer.is_eog(token):
                     break
-                sys.stdout.write(stream.push(token))
+                sys.stdout.write(text.push(model.tokenizer.piece(token))[0])
                 sys.stdout.flush()
-            sys.stdout.write(stream.flush() + "\n")
+            sys.stdout.write(text.flush() + "\n")
     return 0
 
 
@@ -122,10 +123,9 @@ def _plan(args: argparse.Namespace) -> int:
     from .native import Model
 
     path = _resolve_checked(args)
-    cfg = EngineConfig(**_sizing_config(args), **_prefix_config(args))
-    options = {"n_batch": args.n_batch, "n_ubatch": args.n_batch, "threads": 1, "batch_invariant": True}
+    cfg = EngineConfig(**_sizing_config(args), **_prefix_config(args), n_batch=args.n_batch, threads=1)
     with Model(path, repack=False) as model:
-        plan = plan_engine(model, cfg, options)
+        plan, _ = plan_engine(model, cfg)
         arch = model.arch
     from .families import kv_class
 

@@ -28,13 +28,15 @@ SYSTEM = ("You are a storyteller for a small radio station. Every story you tell
           "with a clear beginning, middle and end, and it never repeats a story told before. ")
 
 
-def shared_prefix(runtime, n_tokens: int):
-    """Exactly n_tokens of a system prompt (repeated as needed), starting with the model's BOS."""
+def shared_prefix(engine, n_tokens: int):
+    """Exactly n_tokens of a system prompt (repeated as needed), starting with the model's BOS.
+
+    `engine`: anything with `tokenize(text, add_special=True)` (an Engine, a pipeline's engine)."""
     import numpy as np
 
     text = SYSTEM
     while True:
-        tokens = runtime.tokenize(text)
+        tokens = engine.tokenize(text)
         if tokens.size >= n_tokens:
             return np.asarray(tokens[:n_tokens], dtype=np.int32)
         text += SYSTEM
@@ -57,14 +59,14 @@ async def run_demo(
     outcome = {"completed": 0, "failed": 0}
     bar = tqdm(total=sessions * max_tokens, unit="tok", disable=not progress, file=sys.stderr, dynamic_ncols=True)
     async with open_engine(model, **config) as engine:
-        system = shared_prefix(engine.runtime, shared_prefix_tokens) if shared_prefix_tokens else None
+        system = shared_prefix(engine, shared_prefix_tokens) if shared_prefix_tokens else None
 
         def prompt(i: int):
             if system is None:
                 return prompt_for(i)
             import numpy as np
 
-            return np.concatenate([system, engine.runtime.tokenize(" " + prompt_for(i), add_special=False)])
+            return np.concatenate([system, engine.tokenize(" " + prompt_for(i), add_special=False)])
 
         async def session(i: int) -> None:
             # staggered in steps, not seconds: session i arrives once the engine has run i steps,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+from pathlib import Path
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
 
@@ -17,25 +18,24 @@ import numpy as np
 import trio
 from loguru import logger
 
-from ._plan import context_base, pool_cells
+from ._plan import pool_cells
 from .actors._mail import deliver, poke
 from .actors.admission import AdmissionActor
 from .actors.composer import ComposerActor
-from .actors.messages import Cancel, Submit, Wake
+from .actors.messages import Call, Cancel, Submit, Wake
 from .actors.preemption import PreemptionActor
 from .actors.runtime_owner import RuntimeOwner
 from .actors.worker import Worker
 from .errors import EngineClosedError, InvalidInputError
-from .kv import ComponentKind
 from .runtime import ContextRuntime, Runtime
 from .sampling import SamplingParams
 from .scheduling.admission import Admission, fcfs_priority
-from .scheduling.composer import Composer
-from .scheduling.lanes import LanePlan, plan_lanes
+from .scheduling.lanes import LanePlan
 from .scheduling.preemption import Preemption, VictimOrder
 from .scheduling.prefix import PrefixCache
-from .scheduling.requests import Request, TokenEvent, validate
-from .telemetry import Counters, EngineStats, StepReport
+from .scheduling.requests import Request, TokenEvent, cancelled_event, validate
+from .scheduling.step import StepScheduler
+from .telemetry import EngineStats, StepReport, make_stats
 
 
 @attrs.frozen(kw_only=True)
@@ -69,9 +69,8 @@ class EngineConfig:
 
 
 def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
-    """A Runtime for `model` (path, name, Model, or a Runtime itself) and its lane plan."""
-    from .families import KvClass
-    from .native import ContextOptions, Model
+    """A Runtime for `model` (a path, a name or a Model) and its lane plan; the model is closed on failure if opened here."""
+    from .native import Model
 
     if model is None or isinstance(model, (str, os.PathLike)):
         from .models import resolve_model
@@ -85,20 +84,12 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
         if cfg.batch_invariant and m.repack:
             logger.warning("{} was loaded with repacked weights, whose kernels are not batch-invariant: "
                            "load it with Model(path, repack=False) for exact-output parity", m.path.name)
-    else:  # a Runtime already (tests: FakeRuntime)
-        reserved = _reserved(cfg) if getattr(model, "prefix_identity", None) is not None else 0
-        requested = min(model.n_seq_max - reserved, cfg.n_seq_max or 256)
-        plan = plan_lanes(KvClass.DENSE, model.n_ctx, model.n_batch, requested=requested, reserved=reserved,
-                          floor_ctx_per_session=1, prefix_fraction=_prefix_fraction(cfg, model.n_ctx))
-        return model, plan
+    else:
+        raise InvalidInputError(f"open_engine takes a GGUF path, a model name or a Model, got {type(model).__name__}; "
+                                "a ready Runtime goes through open_engine_on(runtime, lanes)")
     try:
-        base = context_base(cfg.n_batch, cfg.threads, cfg.batch_invariant)
-        base.update(cfg.context_options)
-        if not base.get("kv_unified", True):
-            raise InvalidInputError("the scheduler needs unified KV (one shared cell pool); kv_unified=False is not supported")
-        plan = plan_engine(m, cfg, base, measure=False)
-        base["n_ctx"] = plan.n_ctx
-        runtime = ContextRuntime(m, ContextOptions(**{**base, "n_seq_max": plan.n_seq_max}), own_model=own)
+        plan, options = plan_engine(m, cfg, measure=False)
+        runtime = ContextRuntime(m, options, own_model=own)
     except BaseException:
         if own:
             m.close()
@@ -108,14 +99,19 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
     return runtime, plan
 
 
-def plan_engine(model: Any, cfg: EngineConfig, options: Mapping[str, Any], *, measure: bool = True) -> LanePlan:
-    """The lane plan of `cfg` over a loaded Model: what open_engine uses and `skippy plan` prints."""
-    from ._plan import plan_for
+def plan_engine(model: Any, cfg: EngineConfig, *, measure: bool = True, cells_cap: int | None = None,
+                lanes_cap: int | None = None, split: int = 1) -> tuple[LanePlan, Any]:
+    """The lane plan of `cfg` over a loaded Model and the ContextOptions to open it with: what
+    open_engine opens, what a pipeline's stage 0 opens (capped by what the stages below hold,
+    divided among its `split` groups) and what `skippy plan` prints (skippy._plan.size_context)."""
+    from ._plan import size_context
 
-    n_ctx = pool_cells(cfg.n_ctx, cfg.memory_bytes)
-    return plan_for(model, options, n_ctx=n_ctx, requested=cfg.n_seq_max, reserved=_reserved(cfg),
-                    floor_ctx_per_session=cfg.floor_ctx_per_session, memory_bytes=cfg.memory_bytes,
-                    prefix_fraction=_prefix_fraction(cfg, n_ctx), measure=measure)
+    return size_context(model, n_ctx=cfg.n_ctx, n_batch=cfg.n_batch, threads=cfg.threads,
+                        batch_invariant=cfg.batch_invariant, memory_bytes=cfg.memory_bytes, n_seq_max=cfg.n_seq_max,
+                        floor_ctx_per_session=cfg.floor_ctx_per_session, reserved=_reserved(cfg),
+                        prefix_fraction=_prefix_fraction(cfg, pool_cells(cfg.n_ctx, cfg.memory_bytes)),
+                        context_options=cfg.context_options, cells_cap=cells_cap, lanes_cap=lanes_cap, split=split,
+                        measure=measure)
 
 
 def _reserved(cfg: EngineConfig) -> int:
@@ -221,12 +217,40 @@ class GenerationStream:
             pass
 
 
+@attrs.frozen
+class Policies:
+    """The pure scheduler of an engine: what the actors drive, and what skippy.testing drives synchronously."""
+
+    admission: Admission
+    preemption: Preemption
+    scheduler: StepScheduler
+
+
+def build_policies(runtime: Runtime, cfg: EngineConfig, plan: LanePlan) -> Policies:
+    return Policies(
+        Admission(plan.ceiling, cfg.max_waiting, cfg.decode_reserve, cfg.priority_key),
+        Preemption(cfg.victim_policy, cfg.max_preemptions),
+        StepScheduler(runtime.n_batch, cfg.decode_reserve, runtime.ledger(), _prefix_cache(runtime, cfg, plan)),
+    )
+
+
+def policy_stats(p: Policies, ceiling: int) -> EngineStats:
+    """The engine's stats from its policies' state now."""
+    s, prefix = p.scheduler, p.scheduler.prefix
+    return make_stats(
+        s.totals, ceiling=ceiling, running=len(s.running), waiting=len(p.admission.waiting), ledger=s.ledger,
+        submitted=p.admission.submitted, admitted=p.admission.admitted, rejected=p.admission.rejected,
+        preemptions=p.preemption.total, cancelled_waiting=p.admission.cancelled,
+        prefix_entries=len(prefix.entries) if prefix else 0,
+        prefix_resident_tokens=prefix.resident_tokens if prefix else 0)
+
+
 class Engine:
-    def __init__(self, runtime: Runtime, cfg: EngineConfig, plan: LanePlan) -> None:
+    def __init__(self, runtime: Runtime, cfg: EngineConfig, plan: LanePlan, pipeline: Any = None) -> None:
         self.runtime = runtime
         self.config = cfg
         self.lanes = plan
-        self.counters = Counters(ceiling=plan.ceiling)
+        self.pipeline = pipeline  # a pipeline's stage 0: what it learnt from the chain (staged.PipelineInfo)
         self._ids = itertools.count()
         self._live: dict[int, tuple[Request, trio.MemorySendChannel]] = {}
         self._closed = False
@@ -235,17 +259,13 @@ class Engine:
         self._composer_tx, composer_rx = trio.open_memory_channel(math.inf)
         self._preemption_tx, preemption_rx = trio.open_memory_channel(math.inf)
         self.worker = Worker()
+        self._policies = build_policies(runtime, cfg, plan)
         self._owner = RuntimeOwner(runtime, self.worker, runtime_rx)
-        self._admission = AdmissionActor(
-            Admission(plan.ceiling, cfg.max_waiting, cfg.decode_reserve, cfg.priority_key),
-            admission_rx, self._composer_tx, self.counters)
-        self._preemption = PreemptionActor(
-            Preemption(cfg.victim_policy, cfg.max_preemptions), preemption_rx, self._runtime_tx,
-            self._admission_tx, self.counters)
-        self._composer = ComposerActor(
-            Composer(runtime.n_batch), composer_rx, self._runtime_tx, self._admission_tx, self._preemption_tx,
-            runtime.ledger(), self.counters, cfg.decode_reserve, cfg.on_step, _prefix_cache(runtime, cfg, plan))
-        self.counters.ledger = runtime.ledger()
+        self._admission = AdmissionActor(self._policies.admission, admission_rx, self._composer_tx)
+        self._preemption = PreemptionActor(self._policies.preemption, preemption_rx, self._runtime_tx,
+                                           self._admission_tx)
+        self._composer = ComposerActor(self._policies.scheduler, composer_rx, self._runtime_tx, self._admission_tx,
+                                       self._preemption_tx, cfg.on_step)
 
     def _start(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._owner.run, name="skippy.runtime_owner")
@@ -292,11 +312,44 @@ class Engine:
         request.sink = events_tx
         submit_tx, submit_rx = trio.open_memory_channel(1)
         self._live[rid] = (request, submit_tx)
-        poke(self._admission_tx, Submit(request, submit_tx))
+        poke(self._admission_tx, Call(Submit(request), submit_tx))
         return GenerationStream(self, request, events_rx, submit_rx)
 
+    @property
+    def n_ctx(self) -> int:
+        return self.runtime.n_ctx
+
+    @property
+    def model_name(self) -> str:
+        """The served model's name: its file's stem, or the runtime's architecture."""
+        model = getattr(self.runtime, "model", None)
+        return Path(model.path).stem if model is not None else self.runtime.arch
+
+    @property
+    def has_chat_template(self) -> bool:
+        return getattr(self.runtime, "model", None) is not None
+
+    def chat_tokens(self, messages: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        """Chat messages through the GGUF's own template, ready to generate from (an assistant turn opened).
+
+        Raises InvalidInputError when the runtime has no model (a fake) or the template refuses them."""
+        model = getattr(self.runtime, "model", None)
+        if model is None:
+            raise InvalidInputError("this engine has no model with a chat template")
+        text = model.apply_chat_template(messages, add_assistant=True)
+        return model.tokenizer.tokenize(text, add_special=True, parse_special=True)
+
+    def tokenize(self, text: str, add_special: bool = True) -> np.ndarray:
+        return self.runtime.tokenize(text, add_special)
+
+    @property
+    def live(self) -> int:
+        """Requests generated and not yet finished (queued or running): a load figure."""
+        return len(self._live)
+
     def stats(self) -> EngineStats:
-        return self.counters.snapshot()
+        """Computed from the scheduler's state now (between steps: cells a cancel freed show at once)."""
+        return policy_stats(self._policies, self.lanes.ceiling)
 
     # -- internals --------------------------------------------------------------------
 
@@ -313,7 +366,7 @@ class Engine:
         """After the actors are gone: every live request ends as cancelled; nobody hangs."""
         for request, submit_tx in list(self._live.values()):
             submit_tx.close()
-            deliver(request.sink, TokenEvent(None, "", len(request.generated), "cancelled", request.usage))
+            deliver(request.sink, cancelled_event(request))
         self._live.clear()
 
 
@@ -322,9 +375,29 @@ async def open_engine(model: Any = None, **config: Any) -> AsyncIterator[Engine]
     """Open an engine over `model`: a GGUF path, a real model name, a Model, or None for the default."""
     cfg = EngineConfig(**config)
     runtime, plan = _open_runtime(model, cfg)
+    async with _serve(runtime, cfg, plan, None) as engine:
+        yield engine
+
+
+@asynccontextmanager
+async def open_engine_on(runtime: Runtime, lanes: LanePlan, *, pipeline: Any = None,
+                         **config: Any) -> AsyncIterator[Engine]:
+    """An engine over a Runtime that is already open (a pipeline's stage 0, skippy.testing's fake),
+    with the lane plan its opener made. The engine closes the runtime on exit."""
+    try:
+        cfg = EngineConfig(**config)
+    except BaseException:
+        runtime.close()
+        raise
+    async with _serve(runtime, cfg, lanes, pipeline) as engine:
+        yield engine
+
+
+@asynccontextmanager
+async def _serve(runtime: Runtime, cfg: EngineConfig, plan: LanePlan, pipeline: Any) -> AsyncIterator[Engine]:
     engine = None
     try:
-        engine = Engine(runtime, cfg, plan)
+        engine = Engine(runtime, cfg, plan, pipeline)
         async with trio.open_nursery() as nursery:
             engine._start(nursery)
             try:

@@ -1,13 +1,14 @@
 """What the RuntimeOwner drives: a Runtime protocol, its llama.cpp implementation, and sampling.
 
 The protocol is the seam between scheduler logic and the native library: the real
-`ContextRuntime` wraps one Model + Context; `skippy.fake_runtime.FakeRuntime` stands in
+`ContextRuntime` wraps one Model + Context; `skippy.testing.FakeRuntime` stands in
 for scheduler-logic tests only (anything about llama.cpp behaviour is tested on the real one).
 """
 
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Protocol, Sequence
 
@@ -36,22 +37,31 @@ def file_digest(path: Path) -> str:
     return _digests[key]
 
 
+@attrs.frozen
+class Sampled:
+    """One step's outcome on a runtime: a token per output row."""
+
+    tokens: np.ndarray
+    t_decode: float  # seconds computing the batch (for a pipeline: until the last stage answered)
+
+
 class Runtime(Protocol):
+    """What the RuntimeOwner drives. Every runtime implements the step as `decode_sample`:
+    one batch in, one sampled token per output row out (a pipeline samples in its last stage)."""
+
     arch: str
     n_ctx: int
     n_batch: int
     n_seq_max: int
     n_vocab: int
+    prefix_identity: bytes | None  # seed of the prefix hash chain (same model file and KV settings); None: no cache
+    share_exact: bool  # recurrent state: a prefix is reusable only whole (see scheduling.prefix)
 
-    def decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray) -> np.ndarray:
-        """One llama_decode; logits rows of the output tokens, valid until the next decode."""
+    def decode_sample(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
+                      samplers: Sequence[Sampler]) -> Sampled:
+        """One step; on failure no sampler has drawn (its RNG is where it was)."""
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool: ...
-
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None: ...
-
-    prefix_identity: bytes  # seed of the prefix hash chain: same model file and KV settings
-    share_exact: bool  # recurrent state: a prefix is reusable only whole (see scheduling.prefix)
 
     def share(self, src: int, dst: int, length: int) -> int:
         """Give dst src's first `length` positions if this family can; returns what was shared (0 or length)."""
@@ -68,6 +78,15 @@ class Runtime(Protocol):
     def is_eog(self, token: int) -> bool: ...
 
     def close(self) -> None: ...
+
+
+def decode_then_sample(decode, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
+                       samplers: Sequence[Sampler]) -> Sampled:
+    """The step of a runtime that holds the logits: decode, then sample each output row."""
+    t0 = time.perf_counter()
+    logits = decode(tokens, positions, seq_ids, outputs)
+    t1 = time.perf_counter()
+    return Sampled(sample_rows(logits, samplers), t1 - t0)
 
 
 class ContextRuntime:
@@ -92,11 +111,12 @@ class ContextRuntime:
     def decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray) -> np.ndarray:
         return self.ctx.decode(self._batch.set(tokens, positions, seq_ids, outputs))
 
+    def decode_sample(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
+                      samplers: Sequence[Sampler]) -> Sampled:
+        return decode_then_sample(self.decode, tokens, positions, seq_ids, outputs, samplers)
+
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         return self.ctx.seq_rm(seq_id, p0, p1)
-
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        self.ctx.seq_cp(src, dst, p0, p1)
 
     def share(self, src: int, dst: int, length: int) -> int:
         """seq_cp of [0, length) when the cells it needs are really there.

@@ -54,6 +54,13 @@ class Sampler:
         the same RNG stream and arithmetic as one process, whichever stage holds the logits."""
         return None if self.params.greedy else float(self._rng.random())
 
+    def state(self) -> dict:
+        """Where its RNG stream stands: a step that failed puts it back (`restore`), drawing nothing."""
+        return self._rng.bit_generator.state
+
+    def restore(self, state: dict) -> None:
+        self._rng.bit_generator.state = state
+
 
 def pick(logits: np.ndarray, p: SamplingParams, u: float | None) -> int:
     """The token `p` picks from `logits` with the uniform draw `u` (unused when greedy)."""

@@ -1,4 +1,4 @@
-"""Per-step telemetry and the engine's counters: plain data, recorded from day one."""
+"""Per-step telemetry, the step totals, and the engine's stats assembled when asked: plain data."""
 
 from __future__ import annotations
 
@@ -72,24 +72,17 @@ class EngineStats:
 
 
 @attrs.define
-class Counters:
-    """Mutable totals behind engine.stats(); written by the actors only."""
+class Totals:
+    """What the steps add up to (the step scheduler's own record); everything that is a level
+    (running, waiting, the ledger, the cache's size) is read from its owner when stats are asked."""
 
-    ceiling: int = 0
     steps: int = 0
     mixed_steps: int = 0
-    running: int = 0
-    waiting: int = 0
     max_running: int = 0
-    submitted: int = 0
-    admitted: int = 0
-    preemptions: int = 0
-    rejected: int = 0
     finished: dict[str, int] = attrs.field(factory=lambda: {"stop": 0, "length": 0, "cancelled": 0, "error": 0})
     prefill_tokens: int = 0
     decode_tokens: int = 0
     output_tokens: int = 0
-    ledger: Ledger | None = None
     t_compose: float = 0.0
     t_decode: float = 0.0
     t_sample: float = 0.0
@@ -97,15 +90,11 @@ class Counters:
     prefix_queries: int = 0
     prefix_hits: int = 0
     prefix_evictions: int = 0
-    prefix_entries: int = 0
-    prefix_resident_tokens: int = 0
     kv_used_peak: dict = attrs.field(factory=dict)
 
     def record(self, r: StepReport, output_tokens: int) -> None:
         self.steps += 1
         self.mixed_steps += r.mixed
-        self.running = r.running
-        self.waiting = r.waiting
         self.max_running = max(self.max_running, r.running)
         self.prefill_tokens += r.prefill_tokens
         self.decode_tokens += r.decode_tokens
@@ -117,17 +106,23 @@ class Counters:
         for kind, used in r.kv_used.items():
             self.kv_used_peak[kind] = max(self.kv_used_peak.get(kind, 0), used)
 
-    def snapshot(self) -> EngineStats:
-        ledger = self.ledger.components if self.ledger else ()
-        return EngineStats(
-            steps=self.steps, mixed_steps=self.mixed_steps, running=self.running, waiting=self.waiting,
-            max_running=self.max_running, submitted=self.submitted, admitted=self.admitted,
-            preemptions=self.preemptions, rejected=self.rejected, finished=dict(self.finished),
-            prefill_tokens=self.prefill_tokens, decode_tokens=self.decode_tokens, output_tokens=self.output_tokens,
-            kv_used={c.kind: c.used for c in ledger}, kv_free={c.kind: c.free for c in ledger},
-            t_compose=self.t_compose, t_decode=self.t_decode, t_sample=self.t_sample, t_step=self.t_step,
-            ceiling=self.ceiling, prefix_queries=self.prefix_queries, prefix_hits=self.prefix_hits,
-            prefix_evictions=self.prefix_evictions, prefix_entries=self.prefix_entries,
-            prefix_resident_tokens=self.prefix_resident_tokens, kv_used_peak=dict(self.kv_used_peak),
-            kv_bytes_per_cell={c.kind: c.bytes / c.size for c in ledger if c.size},
-        )
+
+def make_stats(totals: Totals, *, ceiling: int, running: int, waiting: int, ledger: Ledger | None,
+               submitted: int, admitted: int, rejected: int, preemptions: int, cancelled_waiting: int,
+               prefix_entries: int = 0, prefix_resident_tokens: int = 0) -> EngineStats:
+    """EngineStats from the step totals and the levels as they are now (vLLM's make_stats())."""
+    components = ledger.components if ledger else ()
+    finished = dict(totals.finished)
+    finished["cancelled"] = finished.get("cancelled", 0) + cancelled_waiting
+    return EngineStats(
+        steps=totals.steps, mixed_steps=totals.mixed_steps, running=running, waiting=waiting,
+        max_running=totals.max_running, submitted=submitted, admitted=admitted, preemptions=preemptions,
+        rejected=rejected, finished=finished, prefill_tokens=totals.prefill_tokens,
+        decode_tokens=totals.decode_tokens, output_tokens=totals.output_tokens,
+        kv_used={c.kind: c.used for c in components}, kv_free={c.kind: c.free for c in components},
+        t_compose=totals.t_compose, t_decode=totals.t_decode, t_sample=totals.t_sample, t_step=totals.t_step,
+        ceiling=ceiling, prefix_queries=totals.prefix_queries, prefix_hits=totals.prefix_hits,
+        prefix_evictions=totals.prefix_evictions, prefix_entries=prefix_entries,
+        prefix_resident_tokens=prefix_resident_tokens, kv_used_peak=dict(totals.kv_used_peak),
+        kv_bytes_per_cell={c.kind: c.bytes / c.size for c in components if c.size},
+    )

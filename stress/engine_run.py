@@ -129,7 +129,7 @@ async def _job(engine: skippy.Engine, job: Job, rnd: _Round, t0: float, n_vocab:
         await trio.sleep_until(t0 + job.arrival_s)
         t_start = time.perf_counter()
         if job.kind == "malformed":
-            args, kwargs = engine_malformed(job, engine.runtime.n_ctx, n_vocab)
+            args, kwargs = engine_malformed(job, engine.n_ctx, n_vocab)
             try:
                 stream = engine.generate(*args, **kwargs)
             except InvalidInputError as exc:
@@ -165,7 +165,7 @@ def _snapshot(engine: skippy.Engine) -> inv.MemorySnapshot:
     attn = engine.runtime.ledger().get(ComponentKind.ATTN)
     return inv.MemorySnapshot(running=s.running, waiting=s.waiting, attn_used=attn.used if attn else 0,
                               prefix_resident=s.prefix_resident_tokens, lanes_holding=_lanes_holding(engine),
-                              live_requests=len(getattr(engine, "_live", ())))
+                              live_requests=engine.live)
 
 
 async def _drain(engine: skippy.Engine, base: skippy.EngineStats, timeout: float) -> inv.MemorySnapshot:
@@ -219,7 +219,7 @@ async def run(cfg: RunConfig, *, progress: bool | None = None,
         extra = {} if cfg.decode_reserve is None else {"decode_reserve": cfg.decode_reserve}
         async with skippy.open_engine(path, n_ctx=n_ctx, n_batch=cfg.n_batch, n_seq_max=cfg.n_seq_max,
                                       threads=cfg.threads, max_waiting=cfg.waiting_bound, **extra) as engine:
-            pool = engine.runtime.n_ctx
+            pool = engine.n_ctx
             if on_engine is not None:
                 on_engine(engine)
             for r, jobs in enumerate(rounds):

@@ -7,7 +7,7 @@ import pytest
 import trio
 
 import skippy
-from skippy.fake_runtime import FakeRuntime
+from skippy.testing import FakeRuntime, open_fake_engine
 
 SHORT = 12
 LONG = SHORT * 20
@@ -20,7 +20,8 @@ def prompt(i: int, n: int) -> list[int]:
 async def gate(model, **config) -> None:
     reports = []
     with trio.fail_after(30):
-        async with skippy.open_engine(model, on_step=reports.append, **config) as engine:
+        opener = open_fake_engine if isinstance(model, FakeRuntime) else skippy.open_engine
+        async with opener(model, on_step=reports.append, **config) as engine:
             ids = {}
 
             async def run(name, p, max_tokens):

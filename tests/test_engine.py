@@ -17,7 +17,7 @@ from skippy.errors import (
     PromptTooLongError,
     StepFailedError,
 )
-from skippy.fake_runtime import FakeRuntime
+from skippy.testing import FakeRuntime, open_fake_engine
 from skippy.sampling import SamplingParams
 
 
@@ -48,7 +48,7 @@ async def run_all(engine, specs) -> list:
 async def test_concurrent_outputs_equal_solo_and_free_everything():
     rt = FakeRuntime(n_ctx=512, n_batch=16, n_seq_max=4)
     with trio.fail_after(10):
-        async with skippy.open_engine(rt) as engine:
+        async with open_fake_engine(rt) as engine:
             specs = [(prompt(i, 5 + 3 * i), {"max_tokens": 12}) for i in range(10)]
             results = await run_all(engine, specs)
             for (p, kw), events in zip(specs, results):
@@ -70,7 +70,7 @@ async def test_text_events_and_stop_strings():
     solo_text = "".join(rt.piece(t).decode() for t in rt.solo(p, 20))
     stop = solo_text[6:8]
     with trio.fail_after(10):
-        async with skippy.open_engine(rt) as engine:
+        async with open_fake_engine(rt) as engine:
             plain = await collect(engine.generate(p, max_tokens=20))
             assert "".join(e.text for e in plain) == solo_text
             stopped = await collect(engine.generate(p, max_tokens=20, stop=["zzz", stop]))
@@ -83,7 +83,7 @@ async def test_end_of_generation_token_stops():
     rt = FakeRuntime(n_ctx=256, n_batch=16, n_seq_max=2, eog_every=5)
     p = next(p for p in (prompt(i) for i in range(100)) if len(rt.solo(p, 30)) < 30)
     with trio.fail_after(10):
-        async with skippy.open_engine(rt) as engine:
+        async with open_fake_engine(rt) as engine:
             events = await collect(engine.generate(p, max_tokens=30))
     assert tokens_of(events) == rt.solo(p, 30) and events[-1].token == 0
     assert events[-1].finish_reason == "stop"
@@ -92,7 +92,7 @@ async def test_end_of_generation_token_stops():
 async def test_validation_errors_are_named():
     rt = FakeRuntime(n_ctx=64, n_batch=16, n_seq_max=2)
     with trio.fail_after(10):
-        async with skippy.open_engine(rt) as engine:
+        async with open_fake_engine(rt) as engine:
             with pytest.raises(EmptyPromptError):
                 engine.generate([], max_tokens=4)
             with pytest.raises(EmptyPromptError):
@@ -116,7 +116,7 @@ async def test_overload_fails_fast_with_named_errors_none_lost_none_hang():
     rt = FakeRuntime(n_ctx=512, n_batch=16, n_seq_max=1)
     outcomes: dict[int, object] = {}
     with trio.fail_after(10):
-        async with skippy.open_engine(rt, max_waiting=3) as engine:
+        async with open_fake_engine(rt, max_waiting=3) as engine:
             streams = [engine.generate(prompt(i), max_tokens=4) for i in range(8)]
 
             async def consume(i, s):
@@ -146,7 +146,7 @@ async def test_cancelling_a_consumer_frees_its_cells_within_a_step_and_leaves_ot
         cells_after[report.step] = {s: len(c) for s, c in rt.seqs.items()}
 
     with trio.fail_after(10):
-        async with skippy.open_engine(rt, on_step=on_step) as engine:
+        async with open_fake_engine(rt, on_step=on_step) as engine:
             results = {}
 
             async def victim():
@@ -179,7 +179,7 @@ async def test_cancelling_a_consumer_frees_its_cells_within_a_step_and_leaves_ot
 async def test_cancelling_a_waiting_request_removes_it():
     rt = FakeRuntime(n_ctx=512, n_batch=16, n_seq_max=1)
     with trio.fail_after(10):
-        async with skippy.open_engine(rt) as engine:
+        async with open_fake_engine(rt) as engine:
             first = engine.generate(prompt(1), max_tokens=30)
             second = engine.generate(prompt(2), max_tokens=30)
             event = await first.__anext__()  # first is running, second waits for the only lane
@@ -204,7 +204,7 @@ async def test_a_failing_step_fails_only_its_requests_and_the_engine_keeps_servi
 
     rt.on_decode = fail_third
     with trio.fail_after(10):
-        async with skippy.open_engine(rt) as engine:
+        async with open_fake_engine(rt) as engine:
             a, b, c = (engine.generate(prompt(i), max_tokens=6) for i in range(3))
             results = await run_all_streams([a, b, c])
             for events in results[:2]:
@@ -239,7 +239,7 @@ async def test_other_tasks_progress_while_a_step_computes():
 
     rt.on_decode = block
     with trio.fail_after(10):
-        async with skippy.open_engine(rt) as engine:
+        async with open_fake_engine(rt) as engine:
             stream = engine.generate(prompt(1), max_tokens=3)
             async with trio.open_nursery() as nursery:
                 got = []
@@ -266,7 +266,7 @@ async def test_shutdown_leaves_no_task_or_thread_and_ends_open_streams():
     events = []
     with trio.fail_after(10):
         async with trio.open_nursery() as nursery:
-            async with skippy.open_engine(rt) as engine:
+            async with open_fake_engine(rt) as engine:
                 running = engine.generate(prompt(1), max_tokens=200)
                 waiting = engine.generate(prompt(2), max_tokens=200)
 
@@ -290,7 +290,7 @@ async def test_shutdown_leaves_no_task_or_thread_and_ends_open_streams():
 async def test_preemption_by_recompute_neither_drops_nor_duplicates_tokens():
     rt = FakeRuntime(n_ctx=64, n_batch=16, n_seq_max=4)
     with trio.fail_after(10):
-        async with skippy.open_engine(rt, decode_reserve=2, max_preemptions=3) as engine:
+        async with open_fake_engine(rt, decode_reserve=2, max_preemptions=3) as engine:
             specs = [(prompt(i, 10), {"max_tokens": 30}) for i in range(4)]
             results = await run_all(engine, specs)
             stats = engine.stats()
@@ -305,7 +305,7 @@ async def test_repeated_preemption_of_one_request_is_bounded(victims):
     """A low-priority request under a stream of high-priority ones is preempted at most max_preemptions times."""
     rt = FakeRuntime(n_ctx=80, n_batch=16, n_seq_max=4)
     with trio.fail_after(20):
-        async with skippy.open_engine(rt, decode_reserve=2, max_preemptions=2, victim_policy=victims) as engine:
+        async with open_fake_engine(rt, decode_reserve=2, max_preemptions=2, victim_policy=victims) as engine:
             low = engine.generate(prompt(0, 10), max_tokens=60, priority=0)
             results = {}
 
@@ -335,12 +335,12 @@ async def test_a_seed_gives_the_same_tokens_whatever_else_is_in_the_batch():
 
     async def alone():
         rt = FakeRuntime(n_ctx=512, n_batch=16, n_seq_max=4)
-        async with skippy.open_engine(rt) as engine:
+        async with open_fake_engine(rt) as engine:
             return tokens_of(await collect(engine.generate(p, params, max_tokens=20)))
 
     async def crowded():
         rt = FakeRuntime(n_ctx=512, n_batch=16, n_seq_max=4)
-        async with skippy.open_engine(rt) as engine:
+        async with open_fake_engine(rt) as engine:
             specs = [(prompt(i), {"max_tokens": 15, "sampling": SamplingParams(temperature=0.7, seed=i)}) for i in range(3)]
             specs.insert(1, (p, {"max_tokens": 20, "sampling": params}))
             return tokens_of((await run_all(engine, specs))[1])

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import trio
 
-import skippy
-from skippy.fake_runtime import FakeRuntime
+from skippy.testing import FakeRuntime, open_fake_engine
 from skippy.kv import ComponentKind
 
 SYSTEM = [(7 * k) % 50 + 1 for k in range(64)]
@@ -47,7 +46,7 @@ async def test_requests_arriving_together_compute_a_shared_prefix_once():
     rt = FakeRuntime(n_ctx=1024, n_batch=32, n_seq_max=12, prefix=True)
     prompts = [SYSTEM + suffix(i) for i in range(8)]
     with trio.fail_after(10):
-        async with skippy.open_engine(rt, prefix_slots=4) as engine:
+        async with open_fake_engine(rt, prefix_slots=4) as engine:
             results = await run_all(engine, prompts)
             stats = engine.stats()
     for p, events in zip(prompts, results):
@@ -61,7 +60,7 @@ async def test_requests_arriving_together_compute_a_shared_prefix_once():
 async def test_a_later_request_hits_the_resident_copy_after_the_first_is_gone():
     rt = FakeRuntime(n_ctx=1024, n_batch=32, n_seq_max=6, prefix=True)
     with trio.fail_after(10):
-        async with skippy.open_engine(rt, prefix_slots=2) as engine:
+        async with open_fake_engine(rt, prefix_slots=2) as engine:
             first = await collect(engine.generate(SYSTEM + suffix(0), max_tokens=4))
             assert first[-1].usage.cached_tokens == 0
             await until(lambda: not [s for s in rt.seqs if s < engine.lanes.ceiling])  # the lane is free...
@@ -75,7 +74,7 @@ async def test_a_recurrent_state_is_restored_only_by_a_prompt_that_extends_its_s
     rt = FakeRuntime(n_ctx=1024, n_batch=32, n_seq_max=6, recurrent=True, prefix=True)
     turn1 = SYSTEM + suffix(0)
     with trio.fail_after(10):
-        async with skippy.open_engine(rt, prefix_slots=4) as engine:
+        async with open_fake_engine(rt, prefix_slots=4) as engine:
             answer = tokens_of(await collect(engine.generate(turn1, max_tokens=4)))
             sibling = await collect(engine.generate(SYSTEM + suffix(1), max_tokens=4))
             turn2 = turn1 + answer + suffix(2)
@@ -91,7 +90,7 @@ async def test_recurrent_requests_sharing_a_system_prompt_snapshot_it_where_they
     rt = FakeRuntime(n_ctx=2048, n_batch=32, n_seq_max=8, recurrent=True, prefix=True)
     prompts = [SYSTEM + suffix(i) for i in range(5)]
     with trio.fail_after(10):
-        async with skippy.open_engine(rt, prefix_slots=3) as engine:
+        async with open_fake_engine(rt, prefix_slots=3) as engine:
             results = [await collect(engine.generate(p, max_tokens=4)) for p in prompts]
     for p, events in zip(prompts, results):
         assert tokens_of(events) == rt.solo(p, 4)
@@ -101,7 +100,7 @@ async def test_recurrent_requests_sharing_a_system_prompt_snapshot_it_where_they
 async def test_pressure_evicts_resident_prefixes_before_preempting_anyone():
     rt = FakeRuntime(n_ctx=200, n_batch=32, n_seq_max=6, prefix=True)
     with trio.fail_after(10):
-        async with skippy.open_engine(rt, prefix_slots=2, prefix_budget_tokens=200, decode_reserve=2) as engine:
+        async with open_fake_engine(rt, prefix_slots=2, prefix_budget_tokens=200, decode_reserve=2) as engine:
             for i in range(2):  # two unrelated prompts stay resident: 2 x 60 of 200 cells
                 await collect(engine.generate([(i * 17 + k) % 50 + 1 for k in range(60)], max_tokens=2))
             assert engine.stats().prefix_resident_tokens == 120
@@ -115,7 +114,7 @@ async def test_pressure_evicts_resident_prefixes_before_preempting_anyone():
 async def test_with_the_cache_off_nothing_is_shared_or_kept():
     rt = FakeRuntime(n_ctx=1024, n_batch=32, n_seq_max=6, prefix=True)
     with trio.fail_after(10):
-        async with skippy.open_engine(rt, prefix_cache=False) as engine:
+        async with open_fake_engine(rt, prefix_cache=False) as engine:
             assert engine.lanes.ceiling == 6  # no ids reserved
             results = await run_all(engine, [SYSTEM + suffix(i) for i in range(3)])
             stats = engine.stats()

@@ -14,7 +14,7 @@ import trio
 
 import skippy
 from skippy.errors import StepFailedError
-from skippy.fake_runtime import FakeRuntime
+from skippy.testing import FakeRuntime, open_fake_engine
 
 
 def prompt(i: int, n: int = 10) -> list[int]:
@@ -83,7 +83,7 @@ async def test_a_failing_step_under_load_fails_exactly_its_requests(where):
         rt.piece = failing_piece
     specs = [(prompt(i, 6 + i % 9), {"max_tokens": 8 + i % 5}) for i in range(24)]
     with trio.fail_after(20):
-        async with skippy.open_engine(rt, on_step=reports.append) as engine:
+        async with open_fake_engine(rt, on_step=reports.append) as engine:
             ids: dict[int, int] = {}
             results = await consume_all(engine, specs, ids)
             after = [e async for e in engine.generate(prompt(99), max_tokens=6)]
@@ -122,7 +122,7 @@ async def test_repeated_step_failures_lose_nothing_and_leak_nothing():
     rt.on_decode = now_and_then
     specs = [(prompt(i, 4 + i % 7), {"max_tokens": 5 + i % 11}) for i in range(40)]
     with trio.fail_after(20):
-        async with skippy.open_engine(rt) as engine:
+        async with open_fake_engine(rt) as engine:
             results = await consume_all(engine, specs)
             stats = engine.stats()
     reasons = [events[-1].finish_reason for events in results]
@@ -171,7 +171,7 @@ async def test_cancelling_the_enclosing_scope_mid_step_leaves_nothing_behind():
     with trio.fail_after(10):
         async with trio.open_nursery() as outer:
             with trio.CancelScope() as scope:
-                async with skippy.open_engine(rt) as engine:
+                async with open_fake_engine(rt) as engine:
                     worker = engine.worker
                     async with trio.open_nursery() as inner:
                         for i in range(4):
@@ -213,7 +213,7 @@ async def test_cancelling_the_source_of_a_shared_prefix_fails_nobody():
             source.pop().cancel()
 
     with trio.fail_after(10):
-        async with skippy.open_engine(rt, on_step=cancel_source_mid_prefill) as engine:
+        async with open_fake_engine(rt, on_step=cancel_source_mid_prefill) as engine:
             await consume_all(engine, [([(3 * k) % 50 + 5 for k in range(40)], {"max_tokens": 2})])
             assert engine.stats().prefix_entries == 1  # an unrelated resident prefix
             source.append(engine.generate(system + [1, 2, 3, 4, 5, 6, 7, 8], max_tokens=4))
@@ -241,7 +241,7 @@ async def test_a_client_that_hangs_up_mid_upload_is_not_a_server_error():
     sink = logger.add(lambda m: errors.append(str(m)), level="ERROR")
     try:
         with trio.fail_after(10):
-            async with skippy.open_engine(FakeRuntime(n_ctx=256, n_batch=16, n_seq_max=2)) as engine:
+            async with open_fake_engine(FakeRuntime(n_ctx=256, n_batch=16, n_seq_max=2)) as engine:
                 app = create_app(engine, model_names=["m"])
                 async with trio.open_nursery() as nursery:
                     [url] = (await nursery.start(partial(serve_app, app, "127.0.0.1", 0)))[:1]
@@ -283,7 +283,7 @@ async def test_connections_closed_by_clients_are_released():
         return len(os.listdir("/proc/self/fd"))
 
     with trio.fail_after(20):
-        async with skippy.open_engine(FakeRuntime(n_ctx=256, n_batch=16, n_seq_max=2)) as engine:
+        async with open_fake_engine(FakeRuntime(n_ctx=256, n_batch=16, n_seq_max=2)) as engine:
             app = create_app(engine, model_names=["m"])
             async with trio.open_nursery() as nursery:
                 [url] = (await nursery.start(partial(serve_app, app, "127.0.0.1", 0)))[:1]

@@ -66,10 +66,10 @@ def test_a_match_is_confirmed_token_by_token_not_trusted_to_the_hash():
 def test_live_requests_and_this_rounds_admissions_are_sources():
     c = cache()
     running = req(0, with_suffix(1, 2))
-    c.add_live(running)
+    c.admitted(running)
     share = c.match(req(1, with_suffix(1, 3)))
     assert share.source is running and share.length == 49 and not share.resident
-    c.remove_live(running)
+    c.released(running)
     assert c.match(req(2, with_suffix(1, 3))) is None
     same_round = req(3, with_suffix(7))
     assert c.match(req(4, with_suffix(7, 7)), extra=[same_round]).source is same_round
@@ -77,7 +77,7 @@ def test_live_requests_and_this_rounds_admissions_are_sources():
 
 def test_an_entry_is_preferred_to_a_live_source_of_the_same_length():
     c = cache()
-    c.add_live(req(0, with_suffix(5)))
+    c.admitted(req(0, with_suffix(5)))
     entry = c.add(with_suffix(5))
     assert c.match(req(1, with_suffix(5, 6))).source is entry
 
@@ -89,7 +89,7 @@ def test_exact_mode_restores_only_whole_snapshots_and_pauses_live_sources():
     assert c.match(req(1, SYSTEM[:40])) is None  # a prefix of a state is not a state
     c.drop(entry)
     live = req(2, with_suffix(1, 2, 3))
-    c.add_live(live)
+    c.admitted(live)
     share = c.match(req(3, with_suffix(1, 9)))
     assert share.source is live and share.length == 49  # live pauses at 49 (the composer tells it)
     live.cached = 51  # its prefill went past where the prompts part: its state cannot serve 49
@@ -137,7 +137,7 @@ def test_a_request_still_waiting_for_its_own_share_is_no_source():
     c = cache()
     waiting = req(0, with_suffix(1))
     waiting.share = Share(req(9, with_suffix(2)), 48)  # promised, not yet copied in
-    c.add_live(waiting)
+    c.admitted(waiting)
     assert c.match(req(1, with_suffix(1, 5))) is None
     waiting.share = None  # once it holds its cells (or computes them itself) it is a source again
     assert c.match(req(1, with_suffix(1, 5))).source is waiting

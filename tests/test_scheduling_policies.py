@@ -314,27 +314,26 @@ async def test_a_request_cancelled_on_its_way_back_to_the_queue_still_finishes_o
     import trio
 
     from skippy.actors.admission import AdmissionActor
-    from skippy.actors.messages import AdmitQuery, Cancel, Requeue
-    from skippy.telemetry import Counters
+    from skippy.actors.messages import Call, Cancel, Requeue
+    from skippy.scheduling.effects import Admit
 
-    counters = Counters()
     admission = Admission(ceiling=4, max_waiting=10)
     composer_tx, _composer_rx = trio.open_memory_channel(10)
-    actor = AdmissionActor(admission, trio.open_memory_channel(0)[1], composer_tx, counters)
+    actor = AdmissionActor(admission, trio.open_memory_channel(0)[1], composer_tx)
     r = req(0)
     sink_tx, sink_rx = trio.open_memory_channel(10)
     r.sink = sink_tx
     r.state = RequestState.RUNNING  # preempted: the composer is sending it back
     r.cancel_requested = True
     actor.handle(Cancel(r))  # arrives first: not waiting, so nothing happens yet
-    assert counters.finished.get("cancelled", 0) == 0
+    assert admission.cancelled == 0
     requeued_tx, requeued_rx = trio.open_memory_channel(1)
-    actor.handle(Requeue((r,), requeued_tx))
+    actor.handle(Call(Requeue((r,)), requeued_tx))
     answers_tx, answers_rx = trio.open_memory_channel(1)
-    actor.handle(AdmitQuery(Headroom.of(ledger(attn_free=100), [], 2), answers_tx))
+    actor.handle(Call(Admit(Headroom.of(ledger(attn_free=100), [], 2)), answers_tx))
     assert answers_rx.receive_nowait().requests == ()
-    assert counters.finished["cancelled"] == 1
+    assert admission.cancelled == 1
     event = sink_rx.receive_nowait()
     assert event.final and event.finish_reason == "cancelled"
-    actor.handle(AdmitQuery(Headroom.of(ledger(attn_free=100), [], 2), answers_tx))
-    assert counters.finished["cancelled"] == 1  # once
+    actor.handle(Call(Admit(Headroom.of(ledger(attn_free=100), [], 2)), answers_tx))
+    assert admission.cancelled == 1  # once

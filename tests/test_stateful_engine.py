@@ -26,7 +26,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 import skippy
 from skippy.errors import OverloadedError
-from skippy.fake_runtime import FakeRuntime, _next_hash
+from skippy.testing import FakeRuntime, chain, open_fake_engine
 from skippy.kv import ComponentKind
 from skippy.scheduling import RequestState
 
@@ -34,15 +34,6 @@ pytestmark = pytest.mark.stateful
 
 CAPACITY, CEILING, MAX_PREEMPTIONS, SLOTS = 160, 5, 2, 3
 PREFIXES = [[(7 * k + 3 * j) % 31 + 1 for k in range(40)] for j in range(3)]
-
-
-def chain(tokens) -> list[int]:
-    """What the fake's cells hold for these tokens: the rolling hash at every position."""
-    out, h = [], 0
-    for t in tokens:
-        h = _next_hash(h, int(t))
-        out.append(h)
-    return out
 
 
 class Session:
@@ -78,7 +69,7 @@ class EngineMachine(RuleBasedStateMachine):
         self.crash: BaseException | None = None
         try:
             async with trio.open_nursery() as nursery:
-                async with skippy.open_engine(self.rt, max_waiting=6, decode_reserve=3, prefix_slots=SLOTS,
+                async with open_fake_engine(self.rt, max_waiting=6, decode_reserve=3, prefix_slots=SLOTS,
                                               prefix_budget_tokens=100, prefix_block=8,
                                               max_preemptions=MAX_PREEMPTIONS, on_step=self._check) as engine:
                     self.engine, self.nursery = engine, nursery
@@ -92,9 +83,9 @@ class EngineMachine(RuleBasedStateMachine):
 
     def _check(self, report) -> None:
         """At the end of a step every request is in exactly one place."""
-        waiting = self.engine._admission.policy.waiting
-        running = self.engine._composer.policy.running
-        lanes = self.engine._admission.policy.lanes
+        waiting = self.engine._policies.admission.waiting
+        running = self.engine._policies.scheduler.running
+        lanes = self.engine._policies.admission.lanes
         for s in self.sessions:
             r = s.request
             if r is None or r.state is RequestState.NEW:
@@ -111,7 +102,7 @@ class EngineMachine(RuleBasedStateMachine):
         for r in running:
             if r.share is None and self.rt.hashes(r.seq_id) != chain(r.token_slice(0, r.cached)):
                 self.violations.append(f"step {report.step}: request {r.id} (seq {r.seq_id}) lost or misplaced a cell")
-        for seq_id, entry in self.engine._composer.prefix.entries.items():
+        for seq_id, entry in self.engine._policies.scheduler.prefix.entries.items():
             if self.rt.hashes(seq_id) != chain(entry.tokens):
                 self.violations.append(f"step {report.step}: resident entry on seq {seq_id} does not hold its tokens")
 
@@ -225,13 +216,13 @@ class EngineMachine(RuleBasedStateMachine):
                         await trio.sleep(0.001)
                     # a consumer that left is done at once; its cells are freed at the composer's next
                     # round, so wait for the engine to go quiet before reading the ledger
-                    while (self.engine._composer.policy.running or self.engine._admission.policy.waiting
+                    while (self.engine._policies.scheduler.running or self.engine._policies.admission.waiting
                            or any(s < CEILING for s in self.rt.seqs)):
                         await trio.sleep(0.001)
                 stuck = [(r.id, r.state, r.preemptions, r.pinned, r.cached, len(r.generated), r.n_tokens, r.max_tokens)
                          for r in (s.request for s in self.sessions if not s.done) if r is not None]
-                waiting = [r.id for r in self.engine._admission.policy.waiting]
-                running = [r.id for r in self.engine._composer.policy.running]
+                waiting = [r.id for r in self.engine._policies.admission.waiting]
+                running = [r.id for r in self.engine._policies.scheduler.running]
                 assert not stuck, (stuck, waiting, running, self.engine.stats(), self.rt.ledger())
 
             self._run(drain)

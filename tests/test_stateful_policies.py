@@ -1,39 +1,53 @@
-"""Hypothesis state machine over the pure policies (admission, composer, preemption) and a simulated ledger."""
+"""Hypothesis state machine over the engine's own step (scheduling.step), driven synchronously.
+
+skippy.testing.SyncScheduler carries out each effect the step yields the way the owning actor
+would, over a FakeRuntime, so every transition explored here is the engine's: admission,
+composition, preemption, cancellation, prefix sharing (resident entries and running sources),
+evict-and-retry, and no-KV-slot recovery. Memory taken by another tenant creates the pressure.
+Run over attention memory (any prefix shares) and recurrent state (whole states only).
+"""
 
 from __future__ import annotations
 
 import pytest
-from _sim import SimScheduler
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from skippy.fake_runtime import FakeRuntime
 from skippy.kv import ComponentKind
 from skippy.scheduling import RequestState
+from skippy.testing import FakeRuntime, SyncScheduler, chain
 
 pytestmark = pytest.mark.stateful
 
 CAPACITY = 160
 CEILING = 6
+SLOTS = 3
 MAX_PREEMPTIONS = 2
+PREFIXES = [[(7 * k + 3 * j) % 31 + 1 for k in range(40)] for j in range(3)]
 
 
 class PolicyMachine(RuleBasedStateMachine):
+    RECURRENT = True
+
     def __init__(self) -> None:
         super().__init__()
-        self.memory = FakeRuntime(n_ctx=CAPACITY, n_batch=24, n_seq_max=CEILING, n_vocab=32, recurrent=True, eog_every=23)
-        self.sim = SimScheduler(self.memory, CEILING, max_waiting=6, decode_reserve=3, max_preemptions=MAX_PREEMPTIONS)
+        self.memory = FakeRuntime(n_ctx=CAPACITY, n_batch=24, n_seq_max=CEILING + SLOTS, n_vocab=32,
+                                  recurrent=self.RECURRENT, eog_every=23, prefix=True)
+        self.sim = SyncScheduler(self.memory, max_waiting=6, decode_reserve=3, max_preemptions=MAX_PREEMPTIONS,
+                                 prefix_slots=SLOTS, prefix_budget_tokens=120, prefix_block=8)
+        self.tenant_took_memory = False
 
-    @initialize(n=st.integers(2, 6), prompt_len=st.integers(8, 50))
-    def a_busy_start(self, n, prompt_len):
+    @initialize(n=st.integers(2, 6), prompt_len=st.integers(8, 50), shared=st.booleans())
+    def a_busy_start(self, n, prompt_len, shared):
         for i in range(n):
-            self.submit(prompt_len + i, 40, 0, i + 1)
+            self.submit(prompt_len + i, 40, 0, i + 1, 0 if shared else -1)
 
     @rule(prompt_len=st.integers(1, 60), max_tokens=st.integers(1, 40), priority=st.integers(0, 2),
-          first=st.integers(1, 31))
-    def submit(self, prompt_len, max_tokens, priority, first):
-        prompt = [(first + 7 * i) % 31 + 1 for i in range(prompt_len)]
+          first=st.integers(1, 31), prefix=st.integers(-1, len(PREFIXES) - 1))
+    def submit(self, prompt_len, max_tokens, priority, first, prefix):
+        head = PREFIXES[prefix][: max(0, prompt_len - 4)] if prefix >= 0 else []
+        prompt = head + [(first + 7 * i) % 31 + 1 for i in range(prompt_len - len(head))]
         self.sim.submit(prompt, min(max_tokens, CAPACITY - prompt_len), priority)
 
     @rule(n=st.integers(1, 8))
@@ -48,9 +62,10 @@ class PolicyMachine(RuleBasedStateMachine):
 
     @rule(cells=st.integers(1, 80))
     def shrink_free_memory(self, cells):
-        """Someone else takes free cells: pressure the scheduler must absorb by preemption."""
+        """Someone else takes free cells: pressure the scheduler must absorb (evict, then preempt)."""
         free = self.memory.ledger().get(ComponentKind.ATTN).free
         self.memory.hidden += min(cells, free)
+        self.tenant_took_memory = True
 
     @rule()
     def restore_memory(self):
@@ -65,7 +80,7 @@ class PolicyMachine(RuleBasedStateMachine):
 
     @invariant()
     def every_request_in_exactly_one_place(self):
-        waiting, running = self.sim.admission.waiting, self.sim.composer.running
+        waiting, running = self.sim.admission.waiting, self.sim.running
         assert len(set(map(id, waiting))) == len(waiting)
         assert len(set(map(id, running))) == len(running)
         for r in self.sim.requests:
@@ -77,14 +92,20 @@ class PolicyMachine(RuleBasedStateMachine):
 
     @invariant()
     def lanes_are_owned_once(self):
-        held = [r.seq_id for r in self.sim.composer.running]
+        held = [r.seq_id for r in self.sim.running]
         assert None not in held and len(set(held)) == len(held)
-        assert len(held) + len(self.sim.admission.lanes) == CEILING
-        assert len(self.memory.seqs) <= CEILING
-        for s, cells in self.memory.seqs.items():
-            if cells:
-                owner = [r for r in self.sim.composer.running if r.seq_id == s]
-                assert len(owner) == 1 and owner[0].cached == len(cells), (s, owner)
+        assert len(held) + len(self.sim.admission.lanes) == self.sim.lanes.ceiling
+        lanes = {s for s in self.memory.seqs if s < self.sim.lanes.ceiling}
+        assert lanes <= set(held), (lanes, held)
+
+    @invariant()
+    def no_cell_is_lost_or_misplaced(self):
+        """Every running sequence holds exactly its own tokens' cells; every entry its tokens'."""
+        for r in self.sim.running:
+            if r.share is None:
+                assert self.memory.hashes(r.seq_id) == chain(r.token_slice(0, r.cached)), r.id
+        for seq_id, entry in self.sim.scheduler.prefix.entries.items():
+            assert self.memory.hashes(seq_id) == chain(entry.tokens), seq_id
 
     @invariant()
     def fcfs_among_equal_priority(self):
@@ -99,27 +120,55 @@ class PolicyMachine(RuleBasedStateMachine):
                     assert w.arrival > r.arrival, (r, w)
 
     @invariant()
-    def no_token_lost_or_duplicated(self):
+    def streams_get_each_token_once_in_order(self):
         for r in self.sim.requests:
-            assert r.generated == self.memory.solo(r.prompt.tolist(), r.max_tokens)[: len(r.generated)], r.id
+            got = self.sim.events[r.id]
+            tokens = [e.token for e in got if e.token is not None]
+            assert tokens == r.generated, r.id
+            assert tokens == self.memory.solo(r.prompt.tolist(), r.max_tokens)[: len(tokens)], r.id
+            assert [e.index for e in got if e.token is not None] == list(range(len(tokens)))
+            finals = [e for e in got if e.final]
+            ended = r.state in (RequestState.FINISHED, RequestState.CANCELLED)
+            assert len(finals) == (1 if ended else 0), (r.id, r.state, finals)
+
+    @invariant()
+    def only_a_tenant_can_fail_a_request(self):
+        if not self.tenant_took_memory:
+            assert all(r.finish_reason != "error" for r in self.sim.requests)
 
     @invariant()
     def preemption_is_bounded(self):
         assert all(r.preemptions <= MAX_PREEMPTIONS for r in self.sim.requests)
 
+    @invariant()
+    def stats_agree_with_the_state(self):
+        s = self.sim.stats()
+        assert s.running == len(self.sim.running) and s.waiting == len(self.sim.admission.waiting)
+        ended = sum(1 for r in self.sim.requests if r.state in (RequestState.FINISHED, RequestState.CANCELLED))
+        assert sum(s.finished.values()) == ended
+        assert s.submitted == sum(1 for r in self.sim.requests if r.state is not RequestState.REJECTED)
+
     def teardown(self):
         """Once submissions stop (and the memory comes back), every admitted request finishes."""
         self.memory.hidden = 0
         self.sim.drain()
-        assert not self.sim.admission.waiting and not self.sim.composer.running
+        assert not self.sim.admission.waiting and not self.sim.running
         for r in self.sim.requests:
             assert r.state in (RequestState.FINISHED, RequestState.CANCELLED, RequestState.REJECTED)
             if r.state is RequestState.FINISHED and r.finish_reason != "error":
                 assert r.generated == self.memory.solo(r.prompt.tolist(), r.max_tokens)
-        assert all(c.used == 0 for c in self.memory.ledger().components)
+        entries = self.sim.scheduler.prefix.entries
+        attn = self.memory.ledger().get(ComponentKind.ATTN)
+        assert attn.used == len({c for s in entries for c in self.memory.seqs.get(s, ())})  # only entries hold cells
 
 
-PolicyMachine.TestCase.settings = settings(
-    max_examples=100, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+class AttentionPolicyMachine(PolicyMachine):
+    RECURRENT = False
+
+
+_settings = settings(max_examples=100, stateful_step_count=40, deadline=None,
+                     suppress_health_check=[HealthCheck.too_slow])
+PolicyMachine.TestCase.settings = _settings
+AttentionPolicyMachine.TestCase.settings = _settings
 test_policies_state_machine = PolicyMachine.TestCase
+test_policies_state_machine_attention = AttentionPolicyMachine.TestCase

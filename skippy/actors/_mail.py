@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 import trio
 
 T = TypeVar("T")
 
 
-async def call(inbox: trio.MemorySendChannel, make: Callable[[trio.MemorySendChannel], Any]) -> Any:
-    """Send `make(reply_channel)` to an actor and wait for its one reply."""
+async def call(inbox: trio.MemorySendChannel, what: Any) -> Any:
+    """Ask an actor `what` (in a Call with a one-shot reply channel) and wait for its one answer."""
+    from .messages import Call
+
     reply_tx, reply_rx = trio.open_memory_channel(1)
     async with reply_rx:
-        await inbox.send(make(reply_tx))
+        await inbox.send(Call(what, reply_tx))
         return await reply_rx.receive()
 
 

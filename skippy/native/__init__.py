@@ -5,7 +5,7 @@ from .batch import Batch
 from .context import Context, ContextOptions
 from .model import Model
 from .probe import probe_model
-from .tokenizer import TextStream, Tokenizer
+from .tokenizer import Tokenizer
 
 __all__ = [
     "Batch",
@@ -14,7 +14,6 @@ __all__ = [
     "ContextOptions",
     "Model",
     "NativeBuild",
-    "TextStream",
     "Tokenizer",
     "ensure_built",
     "ensure_stock_tools",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import codecs
 from typing import TYPE_CHECKING, Any, Iterable
 
 import numpy as np
@@ -66,20 +65,3 @@ class Tokenizer:
 
     def detokenize(self, tokens: Iterable[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
-
-    def stream_decoder(self) -> "TextStream":
-        return TextStream(self)
-
-
-class TextStream:
-    """Turns tokens into text as they arrive, holding back split UTF-8 sequences."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self._tokenizer = tokenizer
-        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
-
-    def push(self, token: int) -> str:
-        return self._decoder.decode(self._tokenizer.piece(token))
-
-    def flush(self) -> str:
-        return self._decoder.decode(b"", final=True)

@@ -11,6 +11,7 @@ import itertools
 from typing import Any, Callable, Sequence
 
 from ..errors import OverloadedError
+from .effects import Admit, Admitted
 from .memory import Headroom, need
 from .requests import Request, RequestState
 
@@ -58,12 +59,16 @@ class Admission:
         self.blocked: dict | None = None  # after admit(): cells the head lacked, if memory stopped it
         self.cancelled_here: list[Request] = []
         self._admissions = itertools.count()
+        # totals, read by stats when asked
+        self.submitted = self.rejected = self.admitted = self.cancelled = 0
 
     def submit(self, request: Request) -> None:
         """Queue a new request, or fail fast with OverloadedError."""
         if len(self.waiting) >= self.max_waiting:
             request.state = RequestState.REJECTED
+            self.rejected += 1
             raise OverloadedError(len(self.waiting), self.max_waiting)
+        self.submitted += 1
         self._insert(request)
 
     def requeue(self, request: Request) -> None:
@@ -89,13 +94,16 @@ class Admission:
             self.waiting.remove(request)
             request.state = RequestState.CANCELLED
             request.finish_reason = "cancelled"
+            self.cancelled += 1
             return True
         return False
 
-    def take_cancelled(self) -> list[Request]:
-        """Requests admit() dropped as cancelled since the last call: each still needs its final event."""
+    def answer(self, query: Admit) -> tuple[Admitted, list[Request]]:
+        """The step's Admit answered, and the requests admit() dropped as cancelled on the way: each
+        still needs its final event (a preempted request whose Cancel came while it was out of the queue)."""
+        admitted = self.admit(query.headroom, query.match)
         gone, self.cancelled_here = self.cancelled_here, []
-        return gone
+        return Admitted(tuple(admitted), len(self.waiting), self.blocked), gone
 
     def release(self, seq_id: int) -> None:
         self.lanes.give(seq_id)
@@ -124,8 +132,9 @@ class Admission:
             headroom = headroom.take(cells)
             self.waiting.pop(0)
             head.seq_id = self.lanes.take()
-            head.cached_tokens = 0
+            head.shared_tokens = 0
             head.state = RequestState.RUNNING
             head.admitted_at = next(self._admissions)
             admitted.append(head)
+        self.admitted += len(admitted)
         return admitted

@@ -55,7 +55,7 @@ class StepPlan:
     def new_sequences(self) -> int:
         """Sequences this step computes for the first time (each takes a recurrent slot of its own:
         one that shared a state gets its own copy at its first decode)."""
-        return sum(1 for c in self.chunks if c.start == c.request.cached_tokens)
+        return sum(1 for c in self.chunks if c.start == c.request.shared_tokens)
 
     @property
     def output_requests(self) -> list[Request]:

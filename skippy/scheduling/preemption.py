@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Callable, Mapping, Sequence
 
+from loguru import logger
+
 from ..kv import ComponentKind
 from .requests import Request
 
@@ -39,6 +41,7 @@ class Preemption:
     def __init__(self, order: VictimOrder | str = "newest", max_preemptions: int = 3) -> None:
         self.order = VICTIM_POLICIES[order] if isinstance(order, str) else order
         self.max_preemptions = max_preemptions
+        self.total = 0  # victims so far
 
     def choose(
         self, running: Sequence[Request], missing: Mapping[ComponentKind, int], at_least: int = 1
@@ -60,8 +63,20 @@ class Preemption:
                     left[kind] -= n
         return victims
 
+    def preempt(
+        self, running: Sequence[Request], missing: Mapping[ComponentKind, int], at_least: int = 1
+    ) -> list[Request]:
+        """Choose the victims and book them; the caller frees their cells and requeues them."""
+        victims = self.choose(running, missing, at_least)
+        for v in victims:
+            self.preempted(v)
+            logger.debug("preempting request {} (seq {}, {} generated, {} times)",
+                         v.id, v.seq_id, len(v.generated), v.preemptions)
+        return victims
+
     def preempted(self, request: Request) -> None:
         """Book-keeping for a victim on its way back to the queue."""
+        self.total += 1
         request.preemptions += 1
         if request.preemptions >= self.max_preemptions:
             request.pinned = True

@@ -34,8 +34,12 @@ from typing import Any, Collection, Iterable, Mapping, Sequence
 
 import attrs
 import numpy as np
+from loguru import logger
+
+from .requests import RequestState
 
 DEFAULT_BLOCK = 16
+_GONE = -1  # a share's source left
 
 
 def identity_seed(model_digest: str, arch: str, settings: Mapping[str, Any]) -> bytes:
@@ -128,17 +132,100 @@ class PrefixCache:
                 if not bucket:
                     del self._index[h]
 
-    # -- live sources ---------------------------------------------------------------
+    # -- the lifecycle of a request, as the step drives it ----------------------------------
+    # admitted -> copy_source (each step until its promised prefix is copied in) -> shared ->
+    # prefilled (its prompt is kept as an entry) -> released. Entries leave by plan_record's
+    # evictions (budget) and by lru (memory pressure); the step frees their cells.
 
-    def add_live(self, request: Any) -> None:
-        """A running request becomes a source of its prompt's prefixes."""
+    def admitted(self, request: Any) -> None:
+        """A request took a lane: it becomes a live source of its prompt's prefixes."""
+        if self.exact:
+            self._plan_snapshot(request)
         if id(request) not in self._live:
             self._live[id(request)] = request
             self._add(request, self.hashes(request))
+        if request.share is not None and request.share.resident:
+            self.touch(request.share.source)
 
-    def remove_live(self, request: Any) -> None:
+    def released(self, request: Any) -> None:
+        """A request left the running set (finished, cancelled, failed, preempted): no longer a source."""
         if self._live.pop(id(request), None) is not None:
             self._remove(request, self.hashes(request))
+
+    def _plan_snapshot(self, r: Any) -> None:
+        """Recurrent state: a live source pauses where it is shared; else r pauses where prompts part."""
+        if r.share is not None and not r.share.resident:
+            r.share.source.pauses.add(r.share.length)
+        elif r.share is None:
+            common = self.common(r)
+            if self.block <= common < r.prompt.size:
+                r.pauses.add(common)
+
+    def protected(self, running: Sequence[Any]) -> set[int]:
+        """Entries a running request is about to copy from: never evicted before it has."""
+        return {r.share.source.seq_id for r in running if r.share is not None and r.share.resident}
+
+    def _source_seq(self, share: Share, running: Sequence[Any]) -> int | None:
+        """The sequence to copy from now; None while a live source is still computing the prefix,
+        _GONE when the source is gone."""
+        src = share.source
+        if share.resident:
+            return src.seq_id if self.entries.get(src.seq_id) is src else _GONE
+        if src.state is not RequestState.RUNNING or src.seq_id is None or src.cancel_requested \
+                or src not in running:
+            return _GONE
+        if src.cached < share.length:
+            return None
+        if self.exact and src.cached > share.length:
+            return _GONE  # its state moved on (its snapshot, if recorded, is an entry now)
+        return src.seq_id
+
+    def copy_source(self, request: Any, running: Sequence[Any]) -> int | None:
+        """The sequence `request`'s promised prefix can be copied from now, or None (not yet, or
+        never: a request whose source left is matched again, or computes its own)."""
+        seq = self._source_seq(request.share, running)
+        if seq == _GONE:  # its source left (finished, cancelled, preempted, evicted): look again
+            request.share = self.match(request, ())
+            seq = self._source_seq(request.share, running) if request.share is not None else None
+            if seq == _GONE:
+                request.share = None
+            elif request.share is not None and seq is None and self.exact:
+                request.share.source.pauses.add(request.share.length)  # a live source stops where it is shared
+        return None if seq == _GONE else seq
+
+    def shared(self, request: Any, granted: int) -> None:
+        """The copy is done: `granted` prompt tokens are in memory without being computed."""
+        request.share = None
+        request.cached = request.shared_tokens = granted
+
+    def unwedge(self, running: Sequence[Any]) -> None:
+        """If every running request waits for a prefix, nobody computes it: each computes its own.
+
+        Never expected (match() takes no source that itself waits); kept so a bug cannot hang the engine."""
+        if running and all(r.share is not None for r in running):
+            for r in running:
+                r.share = None
+            logger.warning("{} requests waited for shared prefixes nobody computes; they compute their own",
+                           len(running))
+
+    def prefilled(self, chunks: Iterable[Any]) -> list[tuple[Any, int]]:
+        """(request, length) for each prompt a step's chunks finished prefilling and that is worth keeping:
+        the whole prompt, or for a recurrent state exactly where the chunk ended at a planned pause."""
+        out = []
+        for c in chunks:
+            r, end = c.request, c.start + c.n
+            if r.seq_id is None or r.cancel_requested:
+                continue
+            if self.exact:
+                if end != r.prompt.size and end not in r.pauses:
+                    continue
+                p = end
+            else:
+                p = int(r.prompt.size)
+                if not c.start < p <= end:
+                    continue
+            out.append((r, p))
+        return out
 
     # -- lookup ---------------------------------------------------------------------
 

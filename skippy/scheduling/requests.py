@@ -77,7 +77,7 @@ class Request:
     ignore_eos: bool = False  # end-of-generation tokens do not finish it (benchmarks: exact lengths)
     finish_reason: FinishReason | None = None
     share: Any = None  # a prefix.Share promised at admission, until its cells are copied in
-    cached_tokens: int = 0  # prompt tokens of this admission that came from the prefix cache
+    shared_tokens: int = 0  # prompt tokens of this admission shared from the prefix cache, not computed
     prefix_hashes: list[bytes] | None = attrs.field(default=None, repr=False)  # its prompt's block hashes
     pauses: set[int] = attrs.field(factory=set)  # prefill chunks end here (recurrent prefix snapshots)
     sampler: Sampler = attrs.field(init=False)
@@ -119,7 +119,12 @@ class Request:
     @property
     def usage(self) -> Usage:
         return Usage(prompt_tokens=int(self.prompt.size), completion_tokens=len(self.generated),
-                     cached_tokens=self.cached_tokens)
+                     cached_tokens=self.shared_tokens)
+
+
+def cancelled_event(request: Request) -> TokenEvent:
+    """The final event of a request cancelled before it finished."""
+    return TokenEvent(None, "", len(request.generated), "cancelled", request.usage)
 
 
 def validate(prompt: Sequence[int] | np.ndarray, max_tokens: int, n_ctx: int, n_vocab: int) -> np.ndarray:

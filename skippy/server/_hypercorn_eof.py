@@ -6,49 +6,102 @@ group alive (the trio side of pgjones/hypercorn PR #87). Under load that piles u
 descriptors (stress/server_run: 9 -> 529 over six N=256 rounds). Here the timer also ends
 when the client's EOF arrives, so an idle connection whose client left is closed at once;
 one still answering a request is closed when the answer is done.
+
+This replaces two *private* methods of `hypercorn.trio.tcp_server.TCPServer`, so it is not
+applied at import: `serve_app` calls `install()`, which patches only the hypercorn versions
+whose `TCPServer` internals it was written and checked against (`KNOWN_VERSIONS`: 0.17.0
+through 0.18.0 have the same `run` / `_read_data` / `_idle_timeout` / `_initiate_server_close`),
+and only when the attributes it replaces and calls are there; otherwise it logs a warning and
+leaves hypercorn alone (connections then linger in CLOSE-WAIT until `keep_alive_timeout`).
+pyproject.toml bounds hypercorn to the same range.
+
+When to drop it: once pgjones/hypercorn PR #87 (end the trio idle-timeout task when the
+client's EOF is read) is in a release, require that release in pyproject.toml and delete this
+module and its call in `serve.py`; tests/test_faults.py's
+`test_connections_closed_by_clients_are_released` checks the behaviour either way.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
+import re
+from typing import Any
+
 import trio
-from hypercorn.trio.tcp_server import TCPServer
+from loguru import logger
 
-_original_read_data = TCPServer._read_data
+# [lowest, highest) hypercorn versions whose trio TCPServer this patch matches (checked against
+# the 0.17.0, 0.17.3 and 0.18.0 sources); keep in step with the bound in pyproject.toml
+KNOWN_VERSIONS = ((0, 17), (0, 19))
+_REPLACED = ("_read_data", "_idle_timeout")
+_CALLED = ("_initiate_server_close",)
+_MARK = "_skippy_eof_closes"
 
 
-def _peer_gone(server: TCPServer) -> trio.Event:
+def _version_tuple(version: str) -> tuple[int, ...] | None:
+    match = re.match(r"(\d+(?:\.\d+)*)", version)
+    return tuple(int(part) for part in match.group(1).split(".")) if match else None
+
+
+def _peer_gone(server: Any) -> trio.Event:
     event = getattr(server, "_skippy_peer_gone", None)
     if event is None:
         event = server._skippy_peer_gone = trio.Event()
     return event
 
 
-async def _read_data(self: TCPServer) -> None:
-    try:
-        await _original_read_data(self)
-    finally:
-        _peer_gone(self).set()
+def _patched(original_read_data: Any) -> tuple[Any, Any]:
+    async def _read_data(self: Any) -> None:
+        try:
+            await original_read_data(self)
+        finally:
+            _peer_gone(self).set()
 
+    async def _idle_timeout(self: Any) -> None:
+        gone = _peer_gone(self)
+        with trio.move_on_after(self.config.keep_alive_timeout):
+            async with trio.open_nursery() as nursery:
+                async def terminated() -> None:
+                    await self.context.terminated.wait()
+                    nursery.cancel_scope.cancel()
 
-async def _idle_timeout(self: TCPServer) -> None:
-    gone = _peer_gone(self)
-    with trio.move_on_after(self.config.keep_alive_timeout):
-        async with trio.open_nursery() as nursery:
-            async def terminated() -> None:
-                await self.context.terminated.wait()
+                nursery.start_soon(terminated)
+                await gone.wait()
                 nursery.cancel_scope.cancel()
+        with trio.CancelScope(shield=True):
+            await self._initiate_server_close()
 
-            nursery.start_soon(terminated)
-            await gone.wait()
-            nursery.cancel_scope.cancel()
-    with trio.CancelScope(shield=True):
-        await self._initiate_server_close()
+    return _read_data, _idle_timeout
 
 
-def install() -> None:
-    """Idempotent: patch the two methods once per process."""
-    if getattr(TCPServer, "_skippy_eof_closes", False):
-        return
-    TCPServer._read_data = _read_data
-    TCPServer._idle_timeout = _idle_timeout
-    TCPServer._skippy_eof_closes = True
+def install() -> bool:
+    """Patch hypercorn's trio TCPServer once per process; True when the patch is in place.
+
+    Idempotent (a second call sees the mark and does nothing). Refuses, with a warning, on a
+    hypercorn outside `KNOWN_VERSIONS` or one whose TCPServer lacks the private methods."""
+    try:
+        from hypercorn.trio.tcp_server import TCPServer
+    except ImportError as exc:
+        logger.warning("hypercorn's trio worker not importable ({}): not patching its EOF handling", exc)
+        return False
+    if getattr(TCPServer, _MARK, False):
+        return True
+    try:
+        version = importlib.metadata.version("hypercorn")
+    except importlib.metadata.PackageNotFoundError:
+        version = "unknown"
+    parsed = _version_tuple(version)
+    low, high = KNOWN_VERSIONS
+    if parsed is None or not (low <= parsed < high):
+        logger.warning("hypercorn {} is outside the versions skippy's CLOSE-WAIT fix was written for "
+                       "(>={}, <{}): not patching; connections their clients closed may stay open "
+                       "until keep_alive_timeout", version, ".".join(map(str, low)), ".".join(map(str, high)))
+        return False
+    missing = [name for name in _REPLACED + _CALLED if not callable(getattr(TCPServer, name, None))]
+    if missing:
+        logger.warning("hypercorn {}'s trio TCPServer has no {}: not patching its EOF handling",
+                       version, ", ".join(missing))
+        return False
+    TCPServer._read_data, TCPServer._idle_timeout = _patched(TCPServer._read_data)
+    setattr(TCPServer, _MARK, True)
+    return True

@@ -11,7 +11,6 @@ import itertools
 import json
 import time
 import uuid
-from pathlib import Path
 from typing import Any, AsyncIterator, Sequence
 
 import trio
@@ -71,14 +70,13 @@ def _prompt_tokens(state: ServerState, call: P.GenerateCall) -> Any:
     """Chat messages through the GGUF's own template; completions as given (text or ids)."""
     if call.kind != "chat":
         return call.prompt
-    model = getattr(state.engine.runtime, "model", None)
-    if model is None:
+    engine = state.engine
+    if not engine.has_chat_template:
         raise P.ApiError(400, "this engine has no model with a chat template", code="no_chat_template")
     try:
-        text = model.apply_chat_template(call.prompt, add_assistant=True)
+        return engine.chat_tokens(call.prompt)
     except SkippyError as exc:
         raise P.bad_request(str(exc), param="messages") from None
-    return model.tokenizer.tokenize(text, add_special=True, parse_special=True)
 
 
 async def _generate(request: HttpRequest, kind: str) -> Response:
@@ -99,7 +97,7 @@ async def _generate(request: HttpRequest, kind: str) -> Response:
     prompt = _prompt_tokens(state, call)
     max_tokens = call.max_tokens
     if max_tokens is None:  # chat without a limit: the rest of the context
-        max_tokens = P.resolve_max_tokens(call, len(prompt), engine.runtime.n_ctx)
+        max_tokens = P.resolve_max_tokens(call, len(prompt), engine.n_ctx)
     try:
         stream = engine.generate(prompt, **call.engine_kwargs(max_tokens))
     except (SkippyError, ValueError) as exc:
@@ -250,9 +248,7 @@ async def _internal_error(request: HttpRequest, exc: Exception) -> Response:
 
 def default_model_names(engine: Any, aliases: Sequence[str] = ()) -> list[str]:
     """The served model's id: its file name without .gguf, plus any aliases (e.g. 'smollm2')."""
-    model = getattr(engine.runtime, "model", None)
-    names = [Path(model.path).stem] if model is not None else [getattr(engine.runtime, "arch", "skippy")]
-    return names + [a for a in aliases if a]
+    return [engine.model_name] + [a for a in aliases if a]
 
 
 def create_app(engine: Any, *, model_names: Sequence[str] | None = None) -> Starlette:

@@ -20,8 +20,6 @@ from loguru import logger
 from . import _hypercorn_eof
 from .app import ServerState
 
-_hypercorn_eof.install()
-
 
 def hypercorn_config(host: str, port: int, *, graceful_timeout: float = 5.0) -> Config:
     config = Config()
@@ -61,6 +59,9 @@ async def serve_app(
 ) -> None:
     """Serve `app` until `shutdown_trigger` returns (default: never; cancel the scope to stop hard)."""
     state: ServerState = app.state.server
+    # close connections their clients closed at once, not after keep_alive_timeout in CLOSE-WAIT;
+    # version-guarded and idempotent (see _hypercorn_eof: goes once pgjones/hypercorn PR #87 ships)
+    _hypercorn_eof.install()
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
         binds = await nursery.start(partial(hypercorn_serve, app, hypercorn_config(host, port),

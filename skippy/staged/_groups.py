@@ -13,12 +13,14 @@ from __future__ import annotations
 from typing import Any, Mapping, Sequence
 
 import attrs
+import numpy as np
 
 from ..telemetry import EngineStats
 
 
 class PipelineEngine:
-    """The Engine surface (generate, stats, runtime, lanes) over G group engines."""
+    """The Engine surface the server and callers use (generate, stats, live, the model's name,
+    tokenizer and chat template, runtime, lanes, pipeline) over G group engines."""
 
     def __init__(self, engines: Sequence[Any], pipeline: Any) -> None:
         self.engines = list(engines)
@@ -29,11 +31,36 @@ class PipelineEngine:
 
     def generate(self, *args: Any, **kwargs: Any) -> Any:
         """Queue on the group with the fewest live requests (ties: the first)."""
-        engine = min(self.engines, key=lambda e: len(e._live))
+        engine = min(self.engines, key=lambda e: e.live)
         return engine.generate(*args, **kwargs)
 
     def stats(self) -> EngineStats:
         return merge_stats([e.stats() for e in self.engines])
+
+    @property
+    def live(self) -> int:
+        """Requests generated and not yet finished, over every group."""
+        return sum(e.live for e in self.engines)
+
+    # the model is the same in every group: the first one answers
+    @property
+    def model_name(self) -> str:
+        return self.engines[0].model_name
+
+    @property
+    def n_ctx(self) -> int:
+        """A request's limit: one group's pool (a request runs in one group)."""
+        return self.engines[0].n_ctx
+
+    @property
+    def has_chat_template(self) -> bool:
+        return self.engines[0].has_chat_template
+
+    def chat_tokens(self, messages: Sequence[Mapping[str, Any]]) -> np.ndarray:
+        return self.engines[0].chat_tokens(messages)
+
+    def tokenize(self, text: str, add_special: bool = True) -> np.ndarray:
+        return self.engines[0].tokenize(text, add_special)
 
 
 def merge_stats(parts: Sequence[EngineStats]) -> EngineStats:

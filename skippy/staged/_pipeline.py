@@ -29,13 +29,12 @@ import numpy as np
 import trio
 from loguru import logger
 
-from .._plan import DEFAULT_N_CTX, context_base, plan_for
 from ..errors import (
     DecodeAbortedError, InvalidInputError, NoKvSlotError, StageFailedError, StageUnavailableError,
 )
 from ..kv import Ledger
-from ..native import ContextOptions, Model
-from ..runtime import ContextRuntime, file_digest
+from ..native import Model
+from ..runtime import ContextRuntime, Sampled, file_digest
 from ..sampling import Sampler
 from ._frames import Activations, Error, FrameError, Hello, Message, Open, Release, StepEnd, Token
 from ._microbatch import SESSION_ENDING, split_step
@@ -62,8 +61,8 @@ class _Answer:
         self.tokens: list[Token] = []
 
 
-class _Session:
-    """One connection down the chain; frames go out in submission order from one task."""
+class _LinkSession:
+    """One connection down the chain (stage 0's end of a session); frames go out in submission order from one task."""
 
     def __init__(self, stream: FrameStream, hello: Hello, epoch: int, where: str) -> None:
         self.stream, self.hello, self.epoch, self.where = stream, hello, epoch, where
@@ -136,7 +135,7 @@ class PipelineLink:
 
     def __init__(self, next_addr: tuple[str, int], hello: Hello, *, connect_timeout: float = 10.0) -> None:
         self.next_addr, self.hello, self.connect_timeout = next_addr, hello, connect_timeout
-        self.session: _Session | None = None
+        self.session: _LinkSession | None = None
         self.token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
         self._epochs = itertools.count(1)
@@ -176,14 +175,14 @@ class PipelineLink:
             raise StageUnavailableError(f"stage 1 at {where}: {problem}")
         return stream, reply
 
-    async def ensure(self) -> _Session:
+    async def ensure(self) -> _LinkSession:
         """The live session, connecting (and saying Hello) when there is none."""
         async with self._connecting:
             if self.session is not None and self.session.alive:
                 return self.session
             stream, reply = await self._connect()
             assert self._nursery is not None
-            self.session = _Session(stream, reply, next(self._epochs), "{}:{}".format(*self.next_addr))
+            self.session = _LinkSession(stream, reply, next(self._epochs), "{}:{}".format(*self.next_addr))
             self._nursery.start_soon(self.session.run)
             logger.info("pipeline session {}: {} stages, layers [{}, {}) below stage 0 hold {} sessions, {} cells",
                         self.session.epoch, reply.n_stages, reply.layer_begin, reply.layer_end, reply.lanes, reply.cells)
@@ -240,12 +239,11 @@ class PipelineRuntime:
 
     # -- the step ------------------------------------------------------------------
 
-    def decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray) -> np.ndarray:
-        raise InvalidInputError("a pipeline's logits stay in its last stage: the engine calls decode_sample")
-
     def decode_sample(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
-                      samplers: Sequence[Sampler]) -> np.ndarray:
-        """One step through every stage: a token per output row, sampled by the last stage."""
+                      samplers: Sequence[Sampler]) -> Sampled:
+        """One step through every stage: a token per output row, sampled by the last stage.
+        Its t_decode is the whole step's wall time, until the last micro-batch's tokens came up."""
+        t0 = time.perf_counter()
         self._aborted.clear()
         session = self.link.session  # read on this thread; only a dead or missing one needs the trio thread
         if session is None or not session.alive:
@@ -255,15 +253,16 @@ class PipelineRuntime:
         if stale:
             raise StageUnavailableError(f"sequences {stale}: their state below stage 0 was lost when the pipeline's "
                                         "session ended; they cannot continue")
-        states = [s._rng.bit_generator.state for s in samplers]
+        states = [s.state() for s in samplers]
         try:
-            return self._step(session, tokens, positions, seq_ids, outputs, samplers)
+            out = self._step(session, tokens, positions, seq_ids, outputs, samplers)
         except BaseException:
             for sampler, state in zip(samplers, states):  # a failed step draws nothing, as in one process
-                sampler._rng.bit_generator.state = state
+                sampler.restore(state)
             raise
+        return Sampled(out, time.perf_counter() - t0)
 
-    def _step(self, session: _Session, tokens, positions, seq_ids, outputs, samplers) -> np.ndarray:
+    def _step(self, session: _LinkSession, tokens, positions, seq_ids, outputs, samplers) -> np.ndarray:
         draws = iter([(s.params, s.draw()) for s in samplers])
         opens = []
         for s in dict.fromkeys(int(x) for x in seq_ids):
@@ -350,9 +349,6 @@ class PipelineRuntime:
                 pass
         return ok
 
-    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        raise InvalidInputError("seq_cp is not carried down a pipeline (its prefix cache is off)")
-
     def share(self, src: int, dst: int, length: int) -> int:
         return 0
 
@@ -410,7 +406,7 @@ async def open_pipeline(model: Any, layer_end: int, next_addr: tuple[str, int], 
 
     `groups` > 1 splits the sessions, lanes and stage-0 cells across that many engines over
     the same link (see skippy.staged._groups): their steps interleave in the pipeline."""
-    from ..engine import EngineConfig, open_engine
+    from ..engine import EngineConfig, open_engine_on, plan_engine
     from ..models import resolve_model
     from ..native import ensure_built
     from ._groups import PipelineEngine
@@ -419,6 +415,8 @@ async def open_pipeline(model: Any, layer_end: int, next_addr: tuple[str, int], 
         raise InvalidInputError("the prefix cache is not carried down a pipeline: leave prefix_cache off")
     if not isinstance(groups, int) or groups < 1:
         raise InvalidInputError(f"groups must be an integer >= 1, got {groups!r}")
+    if wire_dtype not in WIRE_DTYPES:  # before anything is loaded
+        raise InvalidInputError(f"wire_dtype must be one of {sorted(WIRE_DTYPES)}, got {wire_dtype!r}")
     config = {**config, "prefix_cache": False}
     cfg = EngineConfig(**config)
     ensure_built(progress=False)
@@ -431,16 +429,15 @@ async def open_pipeline(model: Any, layer_end: int, next_addr: tuple[str, int], 
         hello = Hello(0, 1, 0, layer_end, local_model.n_layer, local_model.n_embd, file_digest(path))
         link = PipelineLink(next_addr, hello, connect_timeout=connect_timeout)
         below = await link.probe()  # before any nursery: a refusal raises as itself
-        base = context_base(cfg.n_batch, cfg.threads, cfg.batch_invariant)
-        n_ctx = min(cfg.n_ctx or DEFAULT_N_CTX, below.cells)
         lanes = min(cfg.n_seq_max or below.lanes, below.lanes)
         if lanes < groups:
             raise InvalidInputError(f"{groups} groups need at least {groups} lanes; the pipeline holds {lanes}")
-        plan = plan_for(local_model, base, n_ctx=n_ctx // groups, requested=lanes // groups,
-                        floor_ctx_per_session=cfg.floor_ctx_per_session, measure=False)
+        # sized as the engine sizes itself (n_ctx, memory_bytes, n_seq_max), then capped by what the
+        # stages below hold; each group gets 1/groups of it all
+        plan, options = plan_engine(local_model, cfg, measure=False, cells_cap=below.cells, lanes_cap=below.lanes,
+                                    split=groups)
         for _ in range(groups):
-            locals_.append(ContextRuntime(local_model, ContextOptions(
-                **base, n_ctx=plan.n_ctx, n_seq_max=plan.n_seq_max)))
+            locals_.append(ContextRuntime(local_model, options))
     except BaseException:
         for local in locals_:
             local.close()
@@ -461,8 +458,7 @@ async def open_pipeline(model: Any, layer_end: int, next_addr: tuple[str, int], 
             try:
                 for runtime in runtimes:  # each engine closes its runtime (and so its context)
                     engines.append(await stack.enter_async_context(
-                        open_engine(runtime, **{**config, "n_seq_max": plan.ceiling})))
-                    engines[-1].pipeline = info
+                        open_engine_on(runtime, plan, pipeline=info, **{**config, "n_seq_max": plan.ceiling})))
                 yield engines[0] if groups == 1 else PipelineEngine(engines, info)
             finally:
                 nursery.cancel_scope.cancel()

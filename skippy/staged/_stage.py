@@ -23,9 +23,9 @@ import numpy as np
 import trio
 from loguru import logger
 
-from .._plan import context_base, plan_for, pool_cells
+from .._plan import size_context
 from ..errors import InvalidInputError, NoKvSlotError, SkippyError
-from ..native import Batch, Context, ContextOptions, Model
+from ..native import Batch, Context, Model
 from ..runtime import file_digest
 from ..sampling import SamplingParams, pick
 from ..scheduling.lanes import LanePlan
@@ -48,16 +48,18 @@ class StageRuntime:
             if not self.model.takes_hidden:
                 raise InvalidInputError(f"layers {tuple(layers)} start at layer 0: that is stage 0, which serves the "
                                         "requests (skippy stage with --layers 0:B runs the API front)")
-            base = context_base(n_batch, threads, batch_invariant)
-            self.plan: LanePlan = plan_for(self.model, base, n_ctx=pool_cells(n_ctx, memory_bytes),
-                                           requested=n_seq_max, memory_bytes=memory_bytes,
-                                           floor_ctx_per_session=floor_ctx_per_session, measure=False)
-            self.ctx = Context(self.model, ContextOptions(**base, n_ctx=self.plan.n_ctx, n_seq_max=self.plan.n_seq_max))
+            self.plan: LanePlan
+            self.plan, options = size_context(self.model, n_ctx=n_ctx, n_batch=n_batch, threads=threads,
+                                              batch_invariant=batch_invariant, memory_bytes=memory_bytes,
+                                              n_seq_max=n_seq_max, floor_ctx_per_session=floor_ctx_per_session)
+            self.ctx = Context(self.model, options)
         except BaseException:
             self.model.close()
             raise
         self.layers = self.model.layers
         self.last = not self.model.returns_hidden
+        logger.info("stage {}: {} n_ctx={} n_batch={} ceiling={} ({})", self.layers, self.model.arch, self.ctx.n_ctx,
+                    n_batch, self.plan.ceiling, self.plan.reason)
         self.n_batch = n_batch
         self.digest = file_digest(self.model.path)
         self._batch = Batch(n_batch)
@@ -135,7 +137,7 @@ class StageServer:
         async with self._lock:
             with trio.CancelScope() as self._scope:
                 self.sessions += 1
-                session = _Session(self, up)
+                session = _UpstreamSession(self, up)
                 try:
                     await session.run()
                 except (StageDisconnected, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
@@ -151,7 +153,9 @@ class StageServer:
                         self.on_session_end(session.stats)
 
 
-class _Session:
+class _UpstreamSession:
+    """One session from the stage above: its lanes, reply order and the connection to the next stage."""
+
     def __init__(self, server: StageServer, up: FrameStream) -> None:
         self.server, self.rt, self.up = server, server.runtime, up
         self.down: FrameStream | None = None

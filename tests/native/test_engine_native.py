@@ -132,19 +132,19 @@ async def test_smollm2_serves_concurrent_sessions(smollm2):
 async def test_the_runtime_owner_shares_cells_on_request(synth_model_path):
     """The prefix-sharing hook: a copy shares cells, so the ledger does not grow."""
     from skippy.actors._mail import call
-    from skippy.actors.messages import LedgerQuery, ShareCells
+    from skippy.scheduling.effects import ReadLedger, ShareCells
 
     with trio.fail_after(30):
         async with skippy.open_engine(synth_model_path("llama"), n_ctx=512, n_batch=64, n_seq_max=4, threads=1) as engine:
             engine.runtime.decode(np.array(prompt(1, 20), dtype=np.int32), np.arange(20, dtype=np.int32),
                                   np.full(20, 3, dtype=np.int32), np.zeros(20, dtype=np.int8))
-            before = await call(engine._runtime_tx, LedgerQuery)
-            shared = await call(engine._runtime_tx, lambda r: ShareCells(3, 2, 12, r))
+            before = await call(engine._runtime_tx, ReadLedger())
+            shared = await call(engine._runtime_tx, ShareCells(3, 2, 12))
             assert shared.granted == 12
             assert before.get(ComponentKind.ATTN).used == shared.ledger.get(ComponentKind.ATTN).used == 20
             assert engine.runtime.ctx.seq_pos_max(2) == 11
             # more than the source holds: nothing is shared
-            refused = await call(engine._runtime_tx, lambda r: ShareCells(3, 1, 21, r))
+            refused = await call(engine._runtime_tx, ShareCells(3, 1, 21))
             assert refused.granted == 0 and engine.runtime.ctx.seq_pos_max(1) == -1
 
 

@@ -102,7 +102,7 @@ async def test_client_disconnect_mid_stream_cancels_and_frees_cells(synth_model_
             # the step in flight at hang-up completes; the next one frees the cells
             assert steps_to_free <= 2, steps_to_free
             assert metric(after, "skippy_generation_tokens_total") < 900
-            assert not engine._live
+            assert engine.live == 0
 
 
 async def test_client_that_hangs_up_on_a_non_streaming_request_cancels_it(synth_model_path):

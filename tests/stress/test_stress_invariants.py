@@ -218,12 +218,12 @@ async def test_every_engine_malformation_raises_a_named_error(kind):
     import trio
 
     import skippy
-    from skippy.fake_runtime import FakeRuntime
+    from skippy.testing import FakeRuntime, open_fake_engine
     from stress.workload import engine_malformed
 
     j = Job(id="r0-0", kind="malformed", prompt=(3, 4, 5), max_tokens=4, malformed=kind)
     with trio.fail_after(10):
-        async with skippy.open_engine(FakeRuntime(n_ctx=128, n_vocab=64)) as engine:
+        async with open_fake_engine(FakeRuntime(n_ctx=128, n_vocab=64)) as engine:
             args, kwargs = engine_malformed(j, engine.runtime.n_ctx, engine.runtime.n_vocab)
             with pytest.raises(skippy.InvalidInputError):
                 engine.generate(*args, **kwargs)

@@ -19,14 +19,25 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from .errors import InvalidBatchError, NoKvSlotError
-from .kv import ComponentKind, Ledger, MemoryComponent
+from ..errors import InvalidBatchError, NoKvSlotError
+from ..kv import ComponentKind, Ledger, MemoryComponent
+from ..runtime import Sampled, decode_then_sample
+from ..sampling import Sampler
 
 _MOD = (1 << 61) - 1
 
 
-def _next_hash(h: int, token: int) -> int:
+def next_hash(h: int, token: int) -> int:
     return (h * 1_000_003 + int(token) + 1) % _MOD
+
+
+def chain(tokens: Sequence[int]) -> list[int]:
+    """What the fake's cells hold for these tokens: the rolling hash at every position."""
+    out, h = [], 0
+    for t in tokens:
+        h = next_hash(h, int(t))
+        out.append(h)
+    return out
 
 
 class FakeRuntime:
@@ -75,14 +86,14 @@ class FakeRuntime:
         """What a sequence generates alone, greedy: the reference for parity of scheduling."""
         h = 0
         for t in prompt:
-            h = _next_hash(h, t)
+            h = next_hash(h, t)
         out = []
         for _ in range(max_tokens):
             t = self.token_for(h)
             out.append(t)
             if t == 0:
                 break
-            h = _next_hash(h, t)
+            h = next_hash(h, t)
         return out
 
     def hashes(self, seq_id: int) -> list[int]:
@@ -96,7 +107,7 @@ class FakeRuntime:
             self.on_decode()
         if self._abort.is_set():
             self._abort.clear()
-            from .errors import DecodeAbortedError
+            from ..errors import DecodeAbortedError
 
             raise DecodeAbortedError(2, "decode aborted")
         if self.fail_next is not None:
@@ -104,6 +115,10 @@ class FakeRuntime:
             raise exc
         with self.lock:
             return self._decode(tokens, positions, seq_ids, outputs)
+
+    def decode_sample(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
+                      samplers: Sequence[Sampler]) -> Sampled:
+        return decode_then_sample(self.decode, tokens, positions, seq_ids, outputs, samplers)
 
     def _decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray) -> np.ndarray:
         n = int(tokens.size)
@@ -125,7 +140,7 @@ class FakeRuntime:
         rows = []
         for t, s, o in zip(tokens.tolist(), seq_ids.tolist(), outputs.tolist()):
             cells = self.seqs.setdefault(s, [])
-            h = _next_hash(self.cell_hash[cells[-1]] if cells else 0, t)
+            h = next_hash(self.cell_hash[cells[-1]] if cells else 0, t)
             cell = next(self._ids)
             self.cell_hash[cell], self.owners[cell] = h, {s}
             cells.append(cell)

@@ -1,0 +1,301 @@
+"""The step: one scheduler iteration, in one place. Pure: no trio, no llama.
+
+`StepScheduler.step()` is a generator (sans-IO, the way h11 keeps protocol logic apart
+from sockets): it yields the effects it needs (scheduling.effects) and is sent each one's
+answer, then returns the step's StepReport (None when no batch ran). The composer actor
+drives it over the actors; skippy.testing.SyncScheduler drives it synchronously over a
+FakeRuntime for the hypothesis machines. Either way every transition is this code's.
+
+Per step: sweep cancellations (their cells are freed before anything else) -> relieve
+decode pressure (evict resident prefixes first, then preempt), or else admit -> copy in
+shared prefixes -> compose -> one Decode -> route tokens, keep prompts just prefilled in
+the prefix cache, release finished sequences -> the report. A step that preempted admits
+nothing new.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Generator, Mapping, Sequence
+
+from loguru import logger
+
+from ..errors import NoKvSlotError, StepFailedError
+from ..kv import ComponentKind, Ledger
+from ..telemetry import Totals, StepReport
+from .composer import Composer, StepPlan
+from .effects import (
+    Admit, Admitted, Decode, Deliver, FreeCells, Idle, Preempt, Preempted, ReturnLanes, ShareCells, Shared,
+    StepResult,
+)
+from .memory import Headroom, shortfall, step_need
+from .prefix import Entry, PrefixCache
+from .requests import Request
+
+ATTN = ComponentKind.ATTN
+IDLE_POLL_S = 0.05  # while requests wait for memory someone else holds (it frees without telling us)
+
+Effects = Generator[Any, Any, Any]
+
+
+class StepScheduler:
+    """The running set, the prefix cache and the ledger as the last answer left it."""
+
+    def __init__(self, n_batch: int, decode_reserve: int, ledger: Ledger, prefix: PrefixCache | None = None,
+                 totals: Totals | None = None) -> None:
+        self.composer = Composer(n_batch)
+        self.decode_reserve = decode_reserve
+        self.ledger = ledger
+        self.prefix = prefix
+        self.totals = totals if totals is not None else Totals()
+        self.waiting = 0  # as admission last said
+        self.preempted_last = False
+        self.step_no = 0
+
+    @property
+    def running(self) -> list[Request]:
+        return self.composer.running
+
+    # -- the step --------------------------------------------------------------------
+
+    def step(self) -> Generator[Any, Any, StepReport | None]:
+        t0 = time.perf_counter()
+        yield from self._sweep_cancelled()
+        victims = yield from self._relieve(self._decode_shortfall())
+        admitted: Sequence[Request] = ()
+        queried = not victims and not self.preempted_last
+        if queried:
+            headroom = Headroom.of(self.ledger, self.running, self.decode_reserve)
+            answer: Admitted = yield Admit(headroom, self.prefix.match if self.prefix is not None else None)
+            admitted, self.waiting = answer.requests, answer.waiting
+            self._admitted(admitted)
+            if not admitted and answer.blocked and (yield from self._evict_for(answer.blocked, guess=True)):
+                return None  # the cache gave the queue head its room: ask again
+        yield from self._copy_shares()
+        plan = self.composer.compose(self._attn_free())
+        stuck = plan.n_tokens == 0 and bool(self.running)
+        if plan.starved or stuck or shortfall(self.ledger, self._need(plan)):
+            more = yield from self._relieve(self._decode_shortfall() or {ATTN: max(1, plan.starved)}, at_least=1)
+            victims += more
+            yield from self._copy_shares()
+            plan = self.composer.compose(self._attn_free())
+        self.preempted_last = bool(victims)
+        n_running = len(self.running)
+        if plan.n_tokens == 0:
+            if victims or not queried:
+                return None  # the next round may admit
+            if self.running:  # nothing fits and nobody can be preempted
+                yield from self._fail(self.running[-1:], NoKvSlotError(1, "a sequence cannot fit the memory left"))
+                return None
+            self.ledger = yield Idle(IDLE_POLL_S if self.waiting else None)
+            return None
+        t_compose = time.perf_counter() - t0
+        result: StepResult = yield Decode(plan, tuple(r.sampler for r in plan.output_requests))
+        self.ledger = result.ledger
+        t1 = time.perf_counter()
+        finished, failed, outputs = yield from self._settle(plan, result)
+        if isinstance(result.error, NoKvSlotError):
+            victims += yield from self._relieve({ATTN: plan.n_tokens}, at_least=1)
+            self.preempted_last = True
+        t_step = time.perf_counter() - t0
+        return self._report(n_running, plan, admitted, victims, finished, failed, outputs, result,
+                            t_compose, time.perf_counter() - t1 + result.t_sample, t_step)
+
+    # -- memory ------------------------------------------------------------------------
+
+    def _attn_free(self) -> int | None:
+        attn = self.ledger.get(ATTN)
+        return attn.free if attn else None
+
+    def _need(self, plan: StepPlan) -> dict[ComponentKind, int]:
+        return step_need(plan.n_tokens, plan.new_sequences)
+
+    def _decode_shortfall(self) -> dict[ComponentKind, int]:
+        decoding = sum(1 for r in self.running if r.pending == 1)
+        return shortfall(self.ledger, step_need(decoding, 0))
+
+    def _relieve(self, missing: dict[ComponentKind, int], at_least: int = 0) -> Effects:
+        """Free cells: evict resident prefixes first; preempt only if that is not enough."""
+        if not missing and not at_least:
+            return []
+        if missing and (yield from self._evict_for(missing)):
+            return []
+        answer: Preempted = yield Preempt(tuple(self.running), missing, at_least)
+        for v in answer.victims:
+            self.composer.remove(v)
+            if self.prefix is not None:
+                self.prefix.released(v)
+        self.ledger = answer.ledger
+        return list(answer.victims)
+
+    def _release(self, requests: Sequence[Request]) -> Effects:
+        """Finished, cancelled or failed requests give back their cells, then their lanes."""
+        if self.prefix is not None:
+            for r in requests:
+                self.prefix.released(r)
+        seq_ids = tuple(r.seq_id for r in requests if r.seq_id is not None)
+        if not seq_ids:
+            return
+        self.ledger = yield FreeCells(seq_ids)
+        for r in requests:
+            r.seq_id = None
+        yield ReturnLanes(seq_ids)
+
+    # -- prefix cache ------------------------------------------------------------------
+
+    def _admitted(self, admitted: Sequence[Request]) -> None:
+        self.composer.add(admitted)
+        if self.prefix is None:
+            return
+        for r in admitted:
+            self.totals.prefix_queries += int(r.prompt.size)
+            self.prefix.admitted(r)
+
+    def _copy_shares(self) -> Effects:
+        """Copy promised prefixes into their requests, once their sources hold them."""
+        if self.prefix is None:
+            return
+        for r in [r for r in self.running if r.share is not None]:
+            seq = self.prefix.copy_source(r, self.running)
+            if seq is None:
+                continue
+            length = r.share.length
+            answer: Shared = yield ShareCells(seq, r.seq_id, length)
+            self.ledger = answer.ledger
+            self.prefix.shared(r, answer.granted)
+            self.totals.prefix_hits += answer.granted
+            logger.debug("request {} shares {} of {} prompt tokens from seq {}", r.id, answer.granted, length, seq)
+        self.prefix.unwedge(self.running)
+
+    def _record(self, plan: StepPlan) -> Effects:
+        """Keep prompts that this step finished prefilling as resident prefixes."""
+        for r, p in self.prefix.prefilled(plan.chunks):
+            evicted = self.prefix.plan_record(r.prompt[:p], self.prefix.protected(self.running))
+            if evicted is None:
+                continue
+            yield from self._free_entries(evicted)
+            entry = self.prefix.add(r.prompt[:p])
+            answer: Shared = yield ShareCells(r.seq_id, entry.seq_id, p)
+            self.ledger = answer.ledger
+            if answer.granted == 0:  # the family could not keep it (e.g. sliding window moved on)
+                self.prefix.drop(entry)  # its sequence holds nothing
+
+    def _free_entries(self, entries: Sequence[Entry]) -> Effects:
+        if not entries:
+            return
+        for e in entries:
+            self.prefix.drop(e)
+        self.ledger = yield FreeCells(tuple(e.seq_id for e in entries))
+        self.totals.prefix_evictions += len(entries)
+
+    def _evict_for(self, missing: Mapping[ComponentKind, int], guess: bool = False) -> Effects:
+        """Evict least recently used entries until `missing` cells are free; True if that did it.
+
+        Entries share cells with running sequences; seq_rm frees only what no sequence
+        still holds, so a running sequence never loses a cell. With `guess` (admission
+        pressure) nothing is evicted unless the cache provably holds enough cells alone:
+        used cells minus every running sequence's cells."""
+        if self.prefix is None or not self.prefix.entries:
+            return False
+        start = {c.kind: c.free for c in self.ledger.components}
+        if guess:
+            attn = self.ledger.get(ATTN)
+            alone = attn.used - sum(r.cached for r in self.running) if attn else 0
+            if alone < missing.get(ATTN, 0):
+                return False
+        protected = self.prefix.protected(self.running)
+        while True:
+            entry = self.prefix.lru(protected)
+            if entry is None:
+                return False
+            yield from self._free_entries([entry])
+            now = {c.kind: c.free for c in self.ledger.components}
+            if all(now.get(k, 0) - start.get(k, 0) >= n for k, n in missing.items()):
+                logger.debug("prefix cache evicted down to {} entries to free {}", len(self.prefix.entries),
+                             dict(missing))
+                return True
+
+    # -- finishing -----------------------------------------------------------------------
+
+    def _sweep_cancelled(self) -> Effects:
+        gone = self.composer.cancelled()
+        if gone:
+            events = [self.composer.end(r, "cancelled") for r in gone]
+            self.totals.finished["cancelled"] += len(gone)
+            logger.debug("requests {} cancelled while running", [r.id for r in gone])
+            yield Deliver(tuple(events))
+            yield from self._release(gone)
+
+    def _fail(self, requests: Sequence[Request], cause: Exception) -> Effects:
+        events = []
+        for r in requests:
+            err = StepFailedError(f"request {r.id} failed in step {self.step_no}: {cause!r}")
+            err.__cause__ = cause
+            events.append(self.composer.end(r, "error", err))
+        self.totals.finished["error"] += len(requests)
+        logger.warning("step {} failed for {} request(s): {!r}", self.step_no, len(requests), cause)
+        yield Deliver(tuple(events))
+        yield from self._release(requests)
+
+    def _settle(self, plan: StepPlan, result: StepResult) -> Effects:
+        """Apply a step's outcome: (finished, failed, output tokens)."""
+        in_step = list(dict.fromkeys(c.request for c in plan.chunks if c.request in self.running))
+        if result.error is None:
+            try:
+                events, finished = self.composer.apply(plan, result.tokens, result.pieces, result.eog)
+            except Exception as exc:  # a bug in routing must not take the engine down with it
+                in_step = [r for r in in_step if r in self.running]
+                yield from self._fail(in_step, exc)
+                return [], in_step, 0
+            for e in events:
+                if e.event.final:
+                    self.totals.finished[e.event.finish_reason] += 1
+            yield Deliver(tuple(events))
+            if self.prefix is not None:
+                yield from self._record(plan)  # before release: a request that just finished still holds its prompt
+            yield from self._release(finished)
+            return finished, [], len(events)
+        if isinstance(result.error, NoKvSlotError):
+            # nothing of the batch stayed in memory; sequences that could not be rolled back restart
+            for r in in_step:
+                if r.seq_id in result.lost:
+                    r.cached = 0
+            return [], [], 0
+        yield from self._fail(in_step, result.error)
+        return [], in_step, 0
+
+    # -- telemetry -----------------------------------------------------------------------
+
+    def _report(
+        self, n_running: int, plan: StepPlan, admitted: Sequence[Request], victims: Sequence[Request],
+        finished: Sequence[Request], failed: Sequence[Request], outputs: int, result: StepResult,
+        t_compose: float, t_sample: float, t_step: float,
+    ) -> StepReport:
+        self.step_no += 1
+        ledger = self.ledger
+        report = StepReport(
+            step=self.step_no,
+            running=n_running,
+            waiting=self.waiting,
+            admitted=len(admitted),
+            preempted=len(victims),
+            finished=len(finished),
+            prefill_tokens=plan.n_prefill,
+            decode_tokens=plan.n_decode,
+            kv_used={c.kind: c.used for c in ledger.components},
+            kv_free={c.kind: c.free for c in ledger.components},
+            t_compose=t_compose,
+            t_decode=result.t_decode,
+            t_sample=t_sample,
+            t_step=t_step,
+            decode_ids=tuple(c.request.id for c in plan.chunks if c.decode),
+            prefill_ids=tuple(c.request.id for c in plan.chunks if not c.decode),
+            failed=len(failed),
+        )
+        self.totals.record(report, outputs)
+        logger.debug("step {}: run={} wait={} +{} -{} fin={} prefill={} decode={} kv={} "
+                     "compose={:.2f}ms decode={:.2f}ms sample={:.2f}ms",
+                     report.step, report.running, report.waiting, report.admitted, report.preempted,
+                     report.finished, report.prefill_tokens, report.decode_tokens, dict(report.kv_used),
+                     1e3 * t_compose, 1e3 * result.t_decode, 1e3 * t_sample)
+        return report
