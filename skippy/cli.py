@@ -85,6 +85,35 @@ def _prefix_config(args: argparse.Namespace) -> dict:
     return {"prefix_cache": args.prefix_cache, "prefix_slots": args.prefix_slots}
 
 
+def _latency_config(args: argparse.Namespace) -> dict:
+    """Kernels and the per-token latency target; the target is passed only when given, so an
+    engine without that option still opens with the defaults."""
+    config: dict = {"batch_invariant": args.batch_invariant}
+    if args.tpot_target_ms is not None:
+        config["tpot_target_ms"] = args.tpot_target_ms
+    return config
+
+
+def _target_ms(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
+    if not 0 <= value < float("inf"):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"a latency target must be >= 0 ms (0: no budget), got {text!r}")
+    return value
+
+
+def _add_latency_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
+                        help="batch-invariant kernels: a request's tokens do not depend on its batch-mates "
+                             "(default: on); --no-batch-invariant loads repacked weights and uses the default "
+                             "kernels (faster per token, outputs may vary with the batch)")
+    parser.add_argument("--tpot-target-ms", type=_target_ms, default=None, metavar="MS",
+                        help="per-token latency target: a step carrying decodes takes only as much prefill as "
+                             "keeps it within MS (default: the engine's, twice a decode-only step; 0: no budget)")
+
+
 def _bytes(text: str) -> int:
     """'512M', '2G', '1.5GiB' or a plain number of bytes."""
     units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
@@ -159,18 +188,24 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
     model = _resolve_checked(args)
-    config = {"n_batch": args.n_batch, "threads": args.threads, **_sizing_config(args), **_prefix_config(args)}
+    config = {"n_batch": args.n_batch, "threads": args.threads, **_sizing_config(args), **_prefix_config(args),
+              **_latency_config(args)}
     result = demo_main(model, args.sessions, args.max_tokens, progress=not args.quiet,
                        shared_prefix_tokens=args.shared_prefix_tokens, **config)
     return 0 if result["failed"] == 0 else 1
+
+
+def _serve_config(args: argparse.Namespace) -> dict:
+    """The EngineConfig fields `skippy serve` passes to open_engine."""
+    return {"n_batch": args.n_batch, "threads": args.threads, "max_waiting": args.max_waiting,
+            **_sizing_config(args), **_prefix_config(args), **_latency_config(args)}
 
 
 def _serve(args: argparse.Namespace) -> int:
     from .engine import open_engine
 
     model = _resolve_checked(args)
-    config = {"n_batch": args.n_batch, "threads": args.threads, "max_waiting": args.max_waiting,
-              **_sizing_config(args), **_prefix_config(args)}
+    config = _serve_config(args)
     return _serve_engine(args, lambda: open_engine(model, **config), args.host, args.port)
 
 
@@ -351,6 +386,7 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument("--shared-prefix-tokens", type=int, default=0,
                       help="every session's prompt starts with the same K tokens (a system prompt)")
     _add_prefix_options(demo)
+    _add_latency_options(demo)
     demo.set_defaults(func=_demo)
 
     plan = sub.add_parser("plan", help="the lane plan the engine would use: pool cells, ceiling, bytes per component")
@@ -368,6 +404,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_sizing_options(serve)
     _add_server_options(serve)
     _add_prefix_options(serve)
+    _add_latency_options(serve)
     serve.set_defaults(func=_serve)
 
     stage = sub.add_parser("stage", help="one stage of a pipeline: layers A:B on --listen, handing down to --next")

@@ -120,7 +120,7 @@ async def run_demo(
         "mixed_steps": stats.mixed_steps,
         "preemptions": stats.preemptions,
         "out_tok_per_s": round(stats.output_tokens / elapsed, 1) if elapsed else 0.0,
-        "python_overhead_pct": round(stats.python_overhead_pct, 2),
+        "step_overhead_pct": round(stats.step_overhead_pct, 2),
         "prefix_hit_tokens": stats.prefix_hits,
         "prefill_tokens": stats.prefill_tokens,
         "kv_cells_peak": stats.kv_used_peak.get(ComponentKind.ATTN, 0),

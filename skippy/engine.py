@@ -22,7 +22,7 @@ from ._plan import pool_cells
 from .actors._mail import deliver, poke
 from .actors.admission import AdmissionActor
 from .actors.composer import ComposerActor
-from .actors.messages import Call, Cancel, Submit, Wake
+from .actors.messages import Wake
 from .actors.preemption import PreemptionActor
 from .actors.runtime_owner import RuntimeOwner
 from .actors.worker import Worker
@@ -34,6 +34,7 @@ from .scheduling.lanes import LanePlan
 from .scheduling.preemption import Preemption, VictimOrder
 from .scheduling.prefix import PrefixCache
 from .scheduling.requests import Request, TokenEvent, cancelled_event, validate
+from .scheduling.budget import TokenBudget
 from .scheduling.step import StepScheduler
 from .telemetry import EngineStats, StepReport, make_stats
 
@@ -65,6 +66,14 @@ class EngineConfig:
     # the default kernels, prefill slower (one-row attention instead of the tiled kernel, and
     # no repacked weights); see the issue note for the figures.
     batch_invariant: bool = True
+    # Stall-free steps (scheduling.budget): a step that carries decodes takes only as much prefill as
+    # keeps it within this many ms (its measured cost model decides); None: twice a decode-only
+    # step, 0: no budget (every step may fill n_batch).
+    tpot_target_ms: float | None = None
+    min_prefill_tokens: int = 32  # a mixed step always moves prompts by at least this much
+    # Overlap steady decode steps (scheduling.step: the next step is launched before this one's
+    # tokens are routed and streamed, so Python work runs while the model computes). Same outputs.
+    overlap_steps: bool = True
     on_step: Callable[[StepReport], None] | None = None
 
 
@@ -195,6 +204,26 @@ class GenerationStream:
             self._engine._forget(self.request)
         return event
 
+    async def batch(self) -> list[TokenEvent]:
+        """The next event and every one already queued behind it (in order, each once): a reader that
+        fell behind (a slow client) catches up in one write instead of one per token. Empty when the
+        stream has ended."""
+        try:
+            first = await self.__anext__()
+        except StopAsyncIteration:
+            return []
+        events = [first]
+        while not events[-1].final:
+            try:
+                event = self._events.receive_nowait()
+            except (trio.WouldBlock, trio.EndOfChannel):
+                break
+            events.append(event)
+            if event.final:
+                self._done = True
+                self._engine._forget(self.request)
+        return events
+
     def cancel(self) -> None:
         if self._done:
             return
@@ -227,11 +256,19 @@ class Policies:
 
 
 def build_policies(runtime: Runtime, cfg: EngineConfig, plan: LanePlan) -> Policies:
-    return Policies(
-        Admission(plan.ceiling, cfg.max_waiting, cfg.decode_reserve, cfg.priority_key),
-        Preemption(cfg.victim_policy, cfg.max_preemptions),
-        StepScheduler(runtime.n_batch, cfg.decode_reserve, runtime.ledger(), _prefix_cache(runtime, cfg, plan)),
-    )
+    scheduler = StepScheduler(runtime.n_batch, cfg.decode_reserve, runtime.ledger(), _prefix_cache(runtime, cfg, plan),
+                              budget=_token_budget(runtime.n_batch, cfg))
+    scheduler.overlap = bool(cfg.overlap_steps)
+    return Policies(Admission(plan.ceiling, cfg.max_waiting, cfg.decode_reserve, cfg.priority_key),
+                    Preemption(cfg.victim_policy, cfg.max_preemptions), scheduler)
+
+
+def _token_budget(n_batch: int, cfg: EngineConfig) -> TokenBudget:
+    t = cfg.tpot_target_ms
+    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0 or t != t):
+        raise InvalidInputError(f"tpot_target_ms must be a number >= 0 (0: no budget), got {t!r}")
+    target = None if t is None else (math.inf if t == 0 else t / 1000.0)
+    return TokenBudget(n_batch, target, min_prefill=max(1, int(cfg.min_prefill_tokens)))
 
 
 def policy_stats(p: Policies, ceiling: int) -> EngineStats:
@@ -262,10 +299,9 @@ class Engine:
         self._policies = build_policies(runtime, cfg, plan)
         self._owner = RuntimeOwner(runtime, self.worker, runtime_rx)
         self._admission = AdmissionActor(self._policies.admission, admission_rx, self._composer_tx)
-        self._preemption = PreemptionActor(self._policies.preemption, preemption_rx, self._runtime_tx,
-                                           self._admission_tx)
-        self._composer = ComposerActor(self._policies.scheduler, composer_rx, self._runtime_tx, self._admission_tx,
-                                       self._preemption_tx, cfg.on_step)
+        self._preemption = PreemptionActor(self._policies.preemption, preemption_rx, self._owner, self._admission)
+        self._composer = ComposerActor(self._policies.scheduler, composer_rx, self._owner, self._admission,
+                                       self._preemption, cfg.on_step)
 
     def _start(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._owner.run, name="skippy.runtime_owner")
@@ -312,7 +348,7 @@ class Engine:
         request.sink = events_tx
         submit_tx, submit_rx = trio.open_memory_channel(1)
         self._live[rid] = (request, submit_tx)
-        poke(self._admission_tx, Call(Submit(request), submit_tx))
+        self._admission.submit(request, submit_tx)
         return GenerationStream(self, request, events_rx, submit_rx)
 
     @property
@@ -356,7 +392,7 @@ class Engine:
     def _cancel(self, request: Request) -> None:
         request.cancel_requested = True
         self._forget(request)
-        poke(self._admission_tx, Cancel(request))
+        self._admission.cancel(request)
         poke(self._composer_tx, Wake())
 
     def _forget(self, request: Request) -> None:

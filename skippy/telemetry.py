@@ -65,10 +65,14 @@ class EngineStats:
     prefix_resident_tokens: int = 0
     kv_used_peak: Mapping[ComponentKind, int] = attrs.field(factory=dict)  # max over steps
     kv_bytes_per_cell: Mapping[ComponentKind, float] = attrs.field(factory=dict)  # per slot for RECURRENT
+    t_busy: float = 0.0  # wall seconds between consecutive busy step starts
+    t_busy_decode: float = 0.0  # of which inside the runtime's decode
 
     @property
-    def python_overhead_pct(self) -> float:
-        return 100.0 * (self.t_compose + self.t_sample) / self.t_step if self.t_step else 0.0
+    def step_overhead_pct(self) -> float:
+        """Share of busy wall time not spent in the decode: actor hops, the worker hand-off,
+        composing, sampling, detokenizing, routing and event delivery, all of it."""
+        return 100.0 * (self.t_busy - self.t_busy_decode) / self.t_busy if self.t_busy else 0.0
 
 
 @attrs.define
@@ -91,6 +95,8 @@ class Totals:
     prefix_hits: int = 0
     prefix_evictions: int = 0
     kv_used_peak: dict = attrs.field(factory=dict)
+    t_busy: float = 0.0  # wall time from each step's start to the next one's while the engine is busy
+    t_busy_decode: float = 0.0  # of which inside the runtime's decode
 
     def record(self, r: StepReport, output_tokens: int) -> None:
         self.steps += 1
@@ -125,4 +131,5 @@ def make_stats(totals: Totals, *, ceiling: int, running: int, waiting: int, ledg
         prefix_evictions=totals.prefix_evictions, prefix_entries=prefix_entries,
         prefix_resident_tokens=prefix_resident_tokens, kv_used_peak=dict(totals.kv_used_peak),
         kv_bytes_per_cell={c.kind: c.bytes / c.size for c in components if c.size},
+        t_busy=totals.t_busy, t_busy_decode=totals.t_busy_decode,
     )

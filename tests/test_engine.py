@@ -130,7 +130,7 @@ async def test_overload_fails_fast_with_named_errors_none_lost_none_hang():
                     nursery.start_soon(consume, i, s)
             assert engine.stats().rejected == 5
     rejected = [i for i, o in outcomes.items() if isinstance(o, OverloadedError)]
-    assert len(outcomes) == 8 and rejected == [3, 4, 5, 6, 7]
+    assert len(outcomes) == 8 and sorted(rejected) == [3, 4, 5, 6, 7]  # the first three queued, FCFS
     for i in (0, 1, 2):
         assert outcomes[i] == rt.solo(prompt(i), 4)
 
@@ -170,10 +170,11 @@ async def test_cancelling_a_consumer_frees_its_cells_within_a_step_and_leaves_ot
     for i in (2, 3, 4):
         assert results[i] == rt.solo(prompt(i), 20)
     k, seq = cancelled_at["step"], cancelled_at["seq"]
-    # a step may already be in flight when the consumer cancels; the next one starts without it
-    assert cells_after[k + 2].get(seq, 0) == 0
+    # when the consumer cancels, the step after k may be computing and (overlapped decoding) the one
+    # after it launched already; the step after those starts without the victim and frees its cells
+    assert cells_after[k + 3].get(seq, 0) == 0
     assert results["victim"].finish_reason == "cancelled"
-    assert all(results["victim"].id not in r.decode_ids for r in reports if r.step >= k + 2)
+    assert all(results["victim"].id not in r.decode_ids for r in reports if r.step >= k + 3)
 
 
 async def test_cancelling_a_waiting_request_removes_it():

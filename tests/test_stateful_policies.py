@@ -92,7 +92,8 @@ class PolicyMachine(RuleBasedStateMachine):
 
     @invariant()
     def lanes_are_owned_once(self):
-        held = [r.seq_id for r in self.sim.running]
+        # running sequences, and finished ones whose release waits for the overlapped step still decoding them
+        held = [r.seq_id for r in self.sim.running + self.sim.scheduler.holding]
         assert None not in held and len(set(held)) == len(held)
         assert len(held) + len(self.sim.admission.lanes) == self.sim.lanes.ceiling
         lanes = {s for s in self.memory.seqs if s < self.sim.lanes.ceiling}
@@ -102,7 +103,7 @@ class PolicyMachine(RuleBasedStateMachine):
     def no_cell_is_lost_or_misplaced(self):
         """Every running sequence holds exactly its own tokens' cells; every entry its tokens'."""
         for r in self.sim.running:
-            if r.share is None:
+            if r.share is None and not r.cancel_requested:  # cancelled: its last tokens are dropped, it goes next step
                 assert self.memory.hashes(r.seq_id) == chain(r.token_slice(0, r.cached)), r.id
         for seq_id, entry in self.sim.scheduler.prefix.entries.items():
             assert self.memory.hashes(seq_id) == chain(entry.tokens), seq_id

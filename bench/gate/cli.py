@@ -5,7 +5,8 @@
     report  rewrite summary.md and the plots from results.json (e.g. under another SLO)
 
 `sweep --quick` is the end-to-end smoke run (tiny synthetic model, N in {1, 4}, a few
-requests, all three engines); every quick default can still be overridden.
+requests, skippy, single-lane and llama-server); every quick default can still be overridden
+(`--engines` any of the five).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Callable
 
 import trio
 
-from .engines import ENGINES, OLD, PEER, ServerConfig
+from .engines import ENGINES, OLD, PEER, QUICK_ENGINES, STOCK, ServerConfig
 from .gate import DEFAULTS, Thresholds, gate, render
 from .metrics import Slo
 from .model import ModelSpec
@@ -38,7 +39,8 @@ FULL: dict[str, Any] = dict(
     request_timeout=900.0, startup_timeout=180.0,
 )
 QUICK: dict[str, Any] = dict(
-    name="quick", family="llama", concurrency=[1, 4], requests_per_worker=2, min_requests=4, poisson_requests=6,
+    name="quick", family="llama", engines=list(QUICK_ENGINES), concurrency=[1, 4], requests_per_worker=2,
+    min_requests=4, poisson_requests=6,
     warmup=1, n_ctx=1024, n_batch=64, short_in=32, long_in=128, short_out=8, long_out=32,
     slo_ttft_ms=1000.0, slo_tpot_ms=100.0, request_timeout=60.0, startup_timeout=60.0,
 )
@@ -52,7 +54,8 @@ def _sweep_parser(sub: Any) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--model", help="GGUF path or real model name (default: skippy's embedded SmolLM2)")
     where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
-    p.add_argument("--engines", nargs="+", choices=ENGINES)
+    p.add_argument("--engines", nargs="+", choices=ENGINES,
+                   help=f"default: all ({' '.join(ENGINES)}); --quick: {' '.join(QUICK_ENGINES)}")
     p.add_argument("--workloads", nargs="+", choices=workload_names())
     p.add_argument("--concurrency", "-N", nargs="+", type=int, help="closed-loop N values")
     p.add_argument("--rates", nargs="+", type=float, help="open-loop Poisson rates (req/s)")
@@ -69,10 +72,10 @@ def _sweep_parser(sub: Any) -> None:
     p.add_argument("--slo-ttft-ms", type=float)
     p.add_argument("--slo-tpot-ms", type=float)
     p.add_argument("--slo-e2e-ms", type=float)
-    p.add_argument("--skippy-args", default="", help="extra `skippy serve` options for skippy and single-lane, "
-                   "quoted, with '=': --skippy-args='--no-prefix-cache'")
-    p.add_argument("--llama-server-args", default="", help="extra llama-server options, e.g. "
-                   "--llama-server-args='--cache-ram 0'")
+    p.add_argument("--skippy-args", default="", help="extra `skippy serve` options for skippy, skippy-fast and "
+                   "single-lane, quoted, with '=': --skippy-args='--no-prefix-cache --tpot-target-ms 50'")
+    p.add_argument("--llama-server-args", default="", help="extra llama-server options for llama-server and "
+                   "llama-server-stock, e.g. --llama-server-args='--cache-ram 0'")
     p.add_argument("--open-slots", type=int, help="llama-server -np under Poisson load")
     p.add_argument("--request-timeout", type=float)
     p.add_argument("--startup-timeout", type=float)
@@ -88,7 +91,8 @@ def _thresholds_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--vs-single-lane-throughput", type=float, default=DEFAULTS[OLD].throughput_ratio)
     p.add_argument("--vs-single-lane-goodput", type=float, default=DEFAULTS[OLD].goodput_ratio)
     p.add_argument("--vs-llama-throughput", type=float, default=DEFAULTS[PEER].throughput_ratio)
-    p.add_argument("--vs-llama-goodput", type=float, default=DEFAULTS[PEER].goodput_ratio)
+    p.add_argument("--vs-llama-goodput", type=float, default=DEFAULTS[PEER].goodput_ratio,
+                   help="--vs-llama-* apply to llama-server and llama-server-stock alike")
     p.add_argument("--p99-ttft-slack", type=float, default=0.0,
                    help="new p99 TTFT may exceed the reference's by this fraction (default 0)")
     p.add_argument("--n1-tolerance", type=float, default=0.05,
@@ -185,10 +189,12 @@ def _sweep(args: argparse.Namespace) -> int:
 
 def _check(args: argparse.Namespace) -> int:
     meta, runs, _ = load_results(args.results)
+    peer = Thresholds(args.vs_llama_throughput, args.vs_llama_goodput, args.p99_ttft_slack, args.n1_tolerance)
     thresholds = {
         OLD: Thresholds(args.vs_single_lane_throughput, args.vs_single_lane_goodput, args.p99_ttft_slack,
                         args.n1_tolerance),
-        PEER: Thresholds(args.vs_llama_throughput, args.vs_llama_goodput, args.p99_ttft_slack, args.n1_tolerance),
+        PEER: peer,
+        STOCK: peer,
     }
     checks = gate(summaries(runs, _slo(args, meta)), args.at_n, thresholds, args.workloads)
     print(render(checks))

@@ -1,23 +1,38 @@
 """The engines compared side by side, as command lines over the same model and resources.
 
-skippy: `skippy serve` (the scheduler). single-lane: the same server with a ceiling of one
-session (`--n-seq-max 1`): the old engine. llama-server: built from the same pinned tree by
-`skippy build --tools`, with N slots over one unified KV pool (`-np N -kvu`). All get the same
-threads, context size (the whole shared pool: skippy `--n-ctx`, llama-server `-c`, which
-`-kvu` shares among slots) and step budget (`n_batch`, which skippy also uses as n_ubatch).
+skippy: `skippy serve` (the scheduler, batch-invariant: its default). skippy-fast: the same
+server with `--no-batch-invariant` (repacked weights, the default kernels: the per-token path
+with the kernels equal to llama-server's). single-lane: skippy with a ceiling of one session
+(`--n-seq-max 1`): the old engine. llama-server: built from the same pinned tree with our
+patches by `skippy build --tools`, with N slots over one unified KV pool (`-np N -kvu`).
+llama-server-stock: the same pin built without our patches (skippy.native.ensure_stock_tools,
+cached beside the patched build), with the same arguments. All get the same threads, context
+size (the whole shared pool: skippy `--n-ctx`, llama-server `-c`, which `-kvu` shares among
+slots) and step budget (`n_batch`, which skippy also uses as n_ubatch).
 """
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Iterable
 
 import attrs
 
 from .model import ModelSpec
 
-ENGINES = ("skippy", "single-lane", "llama-server")
-NEW, OLD, PEER = ENGINES  # the gate's names for them
+NEW, FAST, OLD, PEER, STOCK = "skippy", "skippy-fast", "single-lane", "llama-server", "llama-server-stock"
+ENGINES = (NEW, FAST, OLD, PEER, STOCK)  # the interleaving order of a sweep
+SKIPPY_ENGINES = (NEW, FAST, OLD)  # `skippy serve`: --skippy-args reaches all of them
+LLAMA_ENGINES = (PEER, STOCK)  # llama-server: --llama-server-args reaches both
+QUICK_ENGINES = (NEW, OLD, PEER)  # what `sweep --quick` runs unless --engines says otherwise
+ABOUT = {  # one line per engine for the report
+    NEW: "`skippy serve` (batch-invariant, its default)",
+    FAST: "`skippy serve --no-batch-invariant` (repacked weights, default kernels)",
+    OLD: "`skippy serve --n-seq-max 1` (the old engine)",
+    PEER: "llama-server from the pin with our patches",
+    STOCK: "llama-server from the pin without our patches",
+}
 
 
 @attrs.frozen
@@ -28,13 +43,28 @@ class ServerConfig:
     threads: int = 2
     n_ctx: int = 4096
     n_batch: int = 512
-    skippy_extra: tuple[str, ...] = ()  # appended to both skippy command lines (e.g. --no-prefix-cache)
-    llama_server_extra: tuple[str, ...] = ()  # appended to llama-server's (e.g. --cache-ram 0)
+    skippy_extra: tuple[str, ...] = ()  # appended to every skippy command line (e.g. --no-prefix-cache)
+    llama_server_extra: tuple[str, ...] = ()  # appended to both llama-servers' (e.g. --cache-ram 0)
+
+
+@attrs.frozen
+class Tools:
+    """Where the llama.cpp tools are: the patched build's bin/ and, when needed, the stock one's."""
+
+    patched: Path
+    stock: Path | None = None
+
+    def server(self, engine: str) -> Path:
+        if engine == STOCK:
+            if self.stock is None:
+                raise ValueError("llama-server-stock needs the stock tools (tools_for with it among the engines)")
+            return self.stock / "llama-server"
+        return self.patched / "llama-server"
 
 
 def tools_dir(build: bool = True, progress: bool = False) -> Path:
-    """Where llama-server and llama-batched-bench are (built first if missing and `build`: the
-    first time takes minutes)."""
+    """Where the patched llama-server and llama-batched-bench are (built first if missing and
+    `build`: the first time takes minutes)."""
     from skippy.native._build import ensure_built, locate
 
     if build:
@@ -42,16 +72,34 @@ def tools_dir(build: bool = True, progress: bool = False) -> Path:
     return locate().lib_dir
 
 
-def server_argv(engine: str, cfg: ServerConfig, port: int | str, slots: int | str, tools: Path) -> list[str]:
+def stock_tools_dir(progress: bool = False) -> Path:
+    """The unpatched pin's llama-server, built once (minutes) and cached under
+    ~/.cache/skippy/native/stock-<key>/ (key: pin and build flags)."""
+    from skippy.native._build import ensure_stock_tools
+
+    return ensure_stock_tools(progress=progress).lib_dir
+
+
+def tools_for(engines: Iterable[str], batched_bench: bool, progress: bool = False) -> Tools:
+    """The tools a sweep of `engines` needs, each built only when something uses it."""
+    engines = set(engines)
+    patched = tools_dir(build=PEER in engines or batched_bench, progress=progress)
+    return Tools(patched, stock_tools_dir(progress) if STOCK in engines else None)
+
+
+def server_argv(engine: str, cfg: ServerConfig, port: int | str, slots: int | str, tools: Tools | Path) -> list[str]:
     """The command line of `engine` on 127.0.0.1:`port`; `slots` is llama-server's -np (a
     placeholder string where the argv is only recorded)."""
-    if engine in (NEW, OLD):
+    if isinstance(tools, Path):
+        tools = Tools(tools)
+    if engine in SKIPPY_ENGINES:
         argv = [sys.executable, "-m", "skippy", "serve", *cfg.model.skippy_args(), "--host", "127.0.0.1",
                 "--port", str(port), "--threads", str(cfg.threads), "--n-ctx", str(cfg.n_ctx),
                 "--n-batch", str(cfg.n_batch), "--shutdown-deadline", "2"]
+        argv += ["--no-batch-invariant"] if engine == FAST else []
         return argv + list(cfg.skippy_extra) + (["--n-seq-max", "1"] if engine == OLD else [])
-    if engine == PEER:
-        return [str(tools / "llama-server"), "-m", str(cfg.model.path), "--host", "127.0.0.1", "--port", str(port),
+    if engine in LLAMA_ENGINES:
+        return [str(tools.server(engine)), "-m", str(cfg.model.path), "--host", "127.0.0.1", "--port", str(port),
                 "-c", str(cfg.n_ctx), "-np", str(slots), "-kvu", "-t", str(cfg.threads), "-tb", str(cfg.threads),
                 "-b", str(cfg.n_batch), "-ub", str(cfg.n_batch), "--no-webui", *cfg.llama_server_extra]
     raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")

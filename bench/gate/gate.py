@@ -1,7 +1,8 @@
 """The cutover gate over a results directory: per engine pair and workload, pass or fail. Pure.
 
-For new (skippy) against each reference (single-lane, llama-server), on every closed-loop
-workload of the sweep:
+For each (new, reference) pair of PAIRS whose two engines are in the results (skippy against
+single-lane, llama-server and llama-server-stock; skippy-fast against both llama-servers), on
+every closed-loop workload of the sweep:
   throughput@N   new out tok/s >= ratio x reference, at the target N
   goodput@N      new goodput >= ratio x reference, at the target N (needs an SLO)
   p99 TTFT@N     new p99 TTFT <= reference x (1 + slack), at the target N
@@ -17,7 +18,7 @@ from typing import Mapping, Sequence
 
 import attrs
 
-from .engines import NEW, OLD, PEER
+from .engines import FAST, NEW, OLD, PEER, STOCK
 from .metrics import Summary
 
 
@@ -31,7 +32,11 @@ class Thresholds:
 
 # the seed's proposed margins: >= 2x throughput at N=32 with equal-or-better p99 against the old
 # engine, and raw throughput at or above llama-server's on the same work; no N=1 regression
-DEFAULTS: dict[str, Thresholds] = {OLD: Thresholds(2.0, 1.0), PEER: Thresholds(1.0, 1.0)}
+DEFAULTS: dict[str, Thresholds] = {OLD: Thresholds(2.0, 1.0), PEER: Thresholds(1.0, 1.0), STOCK: Thresholds(1.0, 1.0)}
+
+# (new, reference): the batch-invariant skippy against the old engine and both llama-servers; the
+# skippy with the default kernels against the llama-servers (the per-token path, kernels equal)
+PAIRS: tuple[tuple[str, str], ...] = ((NEW, OLD), (NEW, PEER), (NEW, STOCK), (FAST, PEER), (FAST, STOCK))
 
 
 @attrs.frozen
@@ -43,59 +48,58 @@ class Check:
     new: float | None
     ref: float | None
     requirement: str
+    engine: str = NEW  # the new side of the pair
 
 
 Key = tuple[str, str, str, float]  # (engine, workload, load kind, x)
 
 
-def _ratio_check(reference: str, workload: str, name: str, new: float | None, ref: float | None,
-                 minimum: float, what: str) -> Check:
-    ok = new is not None and ref is not None and new >= minimum * ref
-    return Check(reference, workload, name, ok, new, ref, f"{what} >= {minimum:g} x reference")
-
-
 def pair_checks(runs: Mapping[Key, Summary], reference: str, workload: str, at_n: int,
-                th: Thresholds) -> list[Check]:
-    """The checks of new against `reference` on one workload's closed-loop runs."""
-    def get(engine: str, n: float) -> Summary | None:
-        return runs.get((engine, workload, "closed", float(n)))
+                th: Thresholds, engine: str = NEW) -> list[Check]:
+    """The checks of `engine` (the new side) against `reference` on one workload's closed-loop runs."""
+    def get(name: str, n: float) -> Summary | None:
+        return runs.get((name, workload, "closed", float(n)))
 
-    new, ref = get(NEW, at_n), get(reference, at_n)
+    def ratio_check(name: str, new: float | None, ref: float | None, minimum: float, what: str) -> Check:
+        ok = new is not None and ref is not None and new >= minimum * ref
+        return Check(reference, workload, name, ok, new, ref, f"{what} >= {minimum:g} x reference", engine)
+
+    new, ref = get(engine, at_n), get(reference, at_n)
     checks = [
-        _ratio_check(reference, workload, f"throughput@N={at_n}", new and new.out_tok_per_s,
-                     ref and ref.out_tok_per_s, th.throughput_ratio, "out tok/s"),
-        _ratio_check(reference, workload, f"goodput@N={at_n}", new and new.goodput, ref and ref.goodput,
-                     th.goodput_ratio, "goodput"),
+        ratio_check(f"throughput@N={at_n}", new and new.out_tok_per_s, ref and ref.out_tok_per_s,
+                    th.throughput_ratio, "out tok/s"),
+        ratio_check(f"goodput@N={at_n}", new and new.goodput, ref and ref.goodput, th.goodput_ratio, "goodput"),
     ]
     n_ttft, r_ttft = new and new.ttft_p99_ms, ref and ref.ttft_p99_ms
     checks.append(Check(reference, workload, f"p99 TTFT@N={at_n}",
                         n_ttft is not None and r_ttft is not None and n_ttft <= r_ttft * (1 + th.p99_ttft_slack),
-                        n_ttft, r_ttft, f"p99 TTFT ms <= {1 + th.p99_ttft_slack:g} x reference"))
+                        n_ttft, r_ttft, f"p99 TTFT ms <= {1 + th.p99_ttft_slack:g} x reference", engine))
     floor = 1 - th.n1_tolerance
-    new1, ref1 = get(NEW, 1), get(reference, 1)
-    checks.append(_ratio_check(reference, workload, "N=1 no regression", new1 and new1.out_tok_per_s,
-                               ref1 and ref1.out_tok_per_s, floor, "out tok/s"))
+    new1, ref1 = get(engine, 1), get(reference, 1)
+    checks.append(ratio_check("N=1 no regression", new1 and new1.out_tok_per_s, ref1 and ref1.out_tok_per_s,
+                              floor, "out tok/s"))
     pairs = [(n, a, b) for n in sorted({k[3] for k in runs if k[1] == workload and k[2] == "closed"})
-             if (a := get(NEW, n)) is not None and (b := get(reference, n)) is not None]
+             if (a := get(engine, n)) is not None and (b := get(reference, n)) is not None]
     behind = [n for n, a, b in pairs if a.out_tok_per_s < floor * b.out_tok_per_s]
     worst = min(pairs, key=lambda p: p[1].out_tok_per_s / max(p[2].out_tok_per_s, 1e-9), default=None)
     checks.append(Check(reference, workload, "curve dominates", bool(pairs) and not behind,
                         worst and worst[1].out_tok_per_s, worst and worst[2].out_tok_per_s,
                         f"out tok/s >= {floor:g} x reference at every N"
-                        + (f" (behind at N={', '.join(f'{n:g}' for n in behind)})" if behind else "")))
-    failed = sum(s.failed for k, s in runs.items() if k[0] == NEW and k[1] == workload and k[2] == "closed")
+                        + (f" (behind at N={', '.join(f'{n:g}' for n in behind)})" if behind else ""), engine))
+    failed = sum(s.failed for k, s in runs.items() if k[0] == engine and k[1] == workload and k[2] == "closed")
     checks.append(Check(reference, workload, "no failed requests", bool(pairs) and failed == 0, float(failed), None,
-                        "new fails no request at any N"))
+                        "new fails no request at any N", engine))
     return checks
 
 
 def gate(runs: Mapping[Key, Summary], at_n: int, thresholds: Mapping[str, Thresholds],
-         workloads: Sequence[str] | None = None) -> list[Check]:
-    """Every check for every reference engine present in the results."""
+         workloads: Sequence[str] | None = None, pairs: Sequence[tuple[str, str]] = PAIRS) -> list[Check]:
+    """Every check for every (new, reference) pair whose engines are both in the results and
+    whose reference has thresholds."""
     present = {k[0] for k in runs}
     names = workloads or list(dict.fromkeys(k[1] for k in runs if k[2] == "closed"))
-    return [c for ref, th in thresholds.items() if ref in present and NEW in present
-            for w in names for c in pair_checks(runs, ref, w, at_n, th)]
+    return [c for new, ref in pairs if new in present and ref in present and ref in thresholds
+            for w in names for c in pair_checks(runs, ref, w, at_n, thresholds[ref], new)]
 
 
 def render(checks: Sequence[Check]) -> str:
@@ -104,13 +108,14 @@ def render(checks: Sequence[Check]) -> str:
         return "–" if x is None else f"{x:.3g}"
 
     lines = []
-    for ref in dict.fromkeys(c.reference for c in checks):
-        mine = [c for c in checks if c.reference == ref]
+    for new, ref in dict.fromkeys((c.engine, c.reference) for c in checks):
+        mine = [c for c in checks if (c.engine, c.reference) == (new, ref)]
         verdict = "PASS" if all(c.passed for c in mine) else "FAIL"
-        lines.append(f"== {NEW} vs {ref}: {verdict} ({sum(c.passed for c in mine)}/{len(mine)} checks)")
+        lines.append(f"== {new} vs {ref}: {verdict} ({sum(c.passed for c in mine)}/{len(mine)} checks)")
         for c in mine:
-            lines.append(f"  {'pass' if c.passed else 'FAIL'}  {c.workload:<14} {c.name:<22} new {num(c.new):>8}  "
+            lines.append(f"  {'pass' if c.passed else 'FAIL'}  {c.workload:<14} {c.name:<22} {new} {num(c.new):>8}  "
                          f"{ref} {num(c.ref):>8}   need {c.requirement}")
     if not checks:
-        lines.append(f"no engine pair to judge: the results need {NEW} and {OLD} and/or {PEER}")
+        lines.append("no engine pair to judge: the results need one of "
+                     + ", ".join(f"{new} and {ref}" for new, ref in PAIRS))
     return "\n".join(lines)

@@ -26,7 +26,8 @@ PANELS: tuple[tuple[str, str], ...] = (
     ("tpot_p50_ms", "TPOT p50 (ms)"),
     ("tpot_p99_ms", "TPOT p99 (ms)"),
 )
-STYLE = {"skippy": "C0", "single-lane": "C1", "llama-server": "C2"}
+STYLE = {"skippy": "C0", "skippy-fast": "C0", "single-lane": "C1", "llama-server": "C2", "llama-server-stock": "C2"}
+DASHED = {"skippy-fast", "llama-server-stock"}  # the variant of the engine of the same colour
 
 
 def _reference(batched: list[dict[str, Any]], pp: int | None, tg: int | None) -> list[tuple[int, float]]:
@@ -47,7 +48,8 @@ def plot_workload(path: Path, workload: str, kind: str, runs: Sequence[RunResult
         for engine, points in series.items():
             xy = [(x, getattr(s, field)) for x, s in points if getattr(s, field) is not None]
             if xy:
-                ax.plot(*zip(*xy), marker="o", label=engine, color=STYLE.get(engine))
+                ax.plot(*zip(*xy), marker="o", label=engine, color=STYLE.get(engine),
+                        linestyle="--" if engine in DASHED else "-")
         if field == "out_tok_per_s" and reference and kind == "closed":
             ax.plot(*zip(*reference), linestyle="--", color="gray", label="llama-batched-bench decode")
         ax.set_title(title)

@@ -18,6 +18,9 @@ PREFIX_QUERIES = "skippy_prefix_cache_queries_tokens_total"
 PREFIX_HITS = "skippy_prefix_cache_hits_tokens_total"
 PREEMPTIONS = "skippy_preemptions_total"
 PREFIX_RESIDENT = "skippy_prefix_cache_resident_tokens"  # tokens the prefix cache keeps resident
+STEP_OVERHEAD = "skippy_step_overhead_ratio"  # a gauge: share of busy wall time outside the decode, since start
+STEP_BUSY = "skippy_step_busy_seconds_total"  # the counters that ratio is made of: a run's own delta
+STEP_DECODE = "skippy_step_decode_seconds_total"
 
 
 @attrs.frozen
@@ -30,6 +33,9 @@ class Scrape:
     prefix_hits: float | None
     preemptions: float | None
     prefix_resident: float | None = None
+    step_overhead: float | None = None  # None on a server that does not expose it
+    step_busy: float | None = None
+    step_decode: float | None = None
 
 
 def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -49,12 +55,22 @@ def _scalar(found: dict[str, list[tuple[dict[str, str], float]]], name: str) -> 
     return sum(v for _, v in values) if values else None
 
 
+def _gauge(found: dict[str, list[tuple[dict[str, str], float]]], name: str) -> float | None:
+    """A ratio is not summed over labels: the unlabelled sample, or the only one, else None."""
+    values = found.get(name) or []
+    plain = [v for labels, v in values if not labels]
+    if plain:
+        return plain[0]
+    return values[0][1] if len(values) == 1 else None
+
+
 def parse_scrape(text: str) -> Scrape:
     found = samples(text)
     kv = {labels.get("component", ""): v for labels, v in found.get(KV_USED, [])}
     return Scrape(kv_used=kv, running=_scalar(found, RUNNING), prefix_queries=_scalar(found, PREFIX_QUERIES),
                   prefix_hits=_scalar(found, PREFIX_HITS), preemptions=_scalar(found, PREEMPTIONS),
-                  prefix_resident=_scalar(found, PREFIX_RESIDENT))
+                  prefix_resident=_scalar(found, PREFIX_RESIDENT), step_overhead=_gauge(found, STEP_OVERHEAD),
+                  step_busy=_scalar(found, STEP_BUSY), step_decode=_scalar(found, STEP_DECODE))
 
 
 def scrape_json(s: Scrape) -> dict[str, Any]:

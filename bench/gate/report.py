@@ -14,6 +14,7 @@ from typing import Any, Iterable, Sequence
 
 import attrs
 
+from .engines import ABOUT
 from .metrics import Slo, Summary, summarize
 from .records import RunResult
 
@@ -81,14 +82,15 @@ def _kv(run: RunResult) -> str:
 
 
 _HEAD = ("| load | engine | ok | failed | out tok/s | req/s | goodput | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 "
-         "| ITL p99 | E2E p99 | prefix hit | cached/prompt | KV cells/session | peak RSS MiB |")
+         "| ITL p99 | E2E p99 | prefix hit | cached/prompt | KV cells/session | step overhead | peak RSS MiB |")
 
 
 def _row(run: RunResult, s: Summary) -> str:
     cells = [run.load.label, run.engine, str(s.completed), str(s.failed), _f(s.out_tok_per_s), _f(s.req_per_s, 2),
              _f(s.goodput, 2), _f(s.ttft_p50_ms, 0), _f(s.ttft_p99_ms, 0), _f(s.tpot_p50_ms), _f(s.tpot_p99_ms),
              _f(s.itl_p99_ms), _f(s.e2e_p99_ms, 0), _pct(run.server.get("prefix_hit_rate")),
-             _pct(s.cached_token_ratio), _kv(run), _f(run.server.get("peak_rss_mb"), 0)]
+             _pct(s.cached_token_ratio), _kv(run), _f(run.server.get("step_overhead_ratio"), 2),
+             _f(run.server.get("peak_rss_mb"), 0)]
     return "| " + " | ".join(cells) + " |"
 
 
@@ -114,7 +116,11 @@ def markdown(meta: dict[str, Any], runs: Sequence[RunResult], batched: list[dict
         "TPOT = (E2E − TTFT)/(output tokens − 1) per request; ITL pooled over requests; goodput = req/s meeting "
         "every SLO. Prefix hit: skippy's prefix-cache counters over the run; cached/prompt: "
         "`usage.prompt_tokens_details.cached_tokens` / prompt tokens as the server reports them; KV cells per "
-        "running session: skippy's /metrics, sampled.",
+        "running session: skippy's /metrics, sampled. Step overhead: the share of skippy's busy step time "
+        "outside the decode over the run (`skippy_step_busy_seconds` / `skippy_step_decode_seconds` deltas, "
+        "else the mean of the sampled `skippy_step_overhead_ratio`), – where the server does not expose it.",
+        "",
+        "Engines: " + "; ".join(f"{e} = {ABOUT.get(e, e)}" for e in meta.get("engines", [])) + ".",
         "",
         f"Command: `{' '.join(meta['command'])}`",
         "",

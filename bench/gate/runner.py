@@ -2,9 +2,10 @@
 
 The warm-up requests (own prompts, same system prompt) go first and are kept in the records
 but marked; the measured phase starts after them, and its wall time is what throughput and
-goodput divide by. While it runs, a sampler reads skippy's /metrics (KV cells in use and
-running sessions); the prefix-cache counters are read before and after so their delta is
-this run's alone. Servers without skippy's metrics simply leave those readings empty.
+goodput divide by. While it runs, a sampler reads skippy's /metrics (KV cells in use,
+running sessions and, where exposed, the step overhead ratio); the prefix-cache counters are
+read before and after so their delta is this run's alone. Servers without skippy's metrics
+simply leave those readings empty.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import trio
 
 from .client import completion_body, stream_completion
 from .loadgen import closed_loop, open_loop, poisson_offsets
-from .metrics import cells_per_session, counter_delta_ratio
+from .metrics import cells_per_session, counter_delta_ratio, mean
 from .prom import Scrape, parse_scrape
 from .procs import Server
 from .records import Load, RequestRecord, RunResult
@@ -63,6 +64,18 @@ async def _sample(client: httpx.AsyncClient, url: str, interval: float, out: lis
         await trio.sleep(interval)
 
 
+def step_overhead(before: Scrape, after: Scrape, samples: list[Scrape]) -> float | None:
+    """The share of the engine's busy time outside the decode over this run alone: from the busy
+    and decode seconds counters where the server has them, else the mean of the sampled ratio
+    gauge (since the server started), else its reading at the end; None on a server without either."""
+    if None not in (before.step_busy, after.step_busy, before.step_decode, after.step_decode):
+        busy = after.step_busy - before.step_busy  # type: ignore[operator]
+        decode = after.step_decode - before.step_decode  # type: ignore[operator]
+        return (busy - decode) / busy if busy > 0 else None
+    gauges = [s.step_overhead for s in samples if s.step_overhead is not None]
+    return mean(gauges) if gauges else after.step_overhead
+
+
 def server_readings(before: Scrape | None, after: Scrape | None, samples: list[Scrape]) -> dict[str, Any]:
     """Prefix hit rate and counters over the run, KV cells per running session per component."""
     if before is None or after is None:
@@ -80,6 +93,8 @@ def server_readings(before: Scrape | None, after: Scrape | None, samples: list[S
         "prefix_hits_tokens": delta("prefix_hits"),
         "preemptions": delta("preemptions"),
         "prefix_resident_tokens_end": after.prefix_resident,  # in the used cells too (maybe shared with sessions)
+        "step_overhead_ratio": step_overhead(before, after, samples),
+        "step_overhead_ratio_end": after.step_overhead,  # the server's gauge: since it started
         "kv_cells_per_session": {
             c: cells_per_session((s.kv_used.get(c, 0.0), s.running or 0.0) for s in samples) for c in components
         },

@@ -1,9 +1,9 @@
 """A sweep: every load x engine x workload, servers restarted per (load, engine), results on disk.
 
-Engines are interleaved at each load (skippy, single-lane, llama-server at N=1, then at N=2,
-...) so slow drift of a noisy machine hits them alike. Each server is fresh for its load, so
-prefix caches start cold and its peak RSS belongs to that load. results.json is rewritten
-after every run: an interrupted sweep keeps what it measured.
+Engines are interleaved at each load (skippy, skippy-fast, single-lane, llama-server,
+llama-server-stock at N=1, then at N=2, ...) so slow drift of a noisy machine hits them alike.
+Each server is fresh for its load, so prefix caches start cold and its peak RSS belongs to that
+load. results.json is rewritten after every run: an interrupted sweep keeps what it measured.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import httpx
 from tqdm import tqdm
 
 from .batched import run_batched_bench
-from .engines import PEER, ServerConfig, server_argv, tools_dir
+from .engines import ServerConfig, Tools, server_argv, tools_for
 from .metrics import Slo
 from .model import read_vocab
 from .procs import free_port, peak_rss_mb, running_server
@@ -61,7 +61,7 @@ def _git_commit() -> str | None:
         return None
 
 
-def meta(opts: SweepOptions, tools: Path) -> dict[str, Any]:
+def meta(opts: SweepOptions, tools: Tools) -> dict[str, Any]:
     """Everything needed to reproduce or question the figures."""
     return {
         "created": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -74,6 +74,7 @@ def meta(opts: SweepOptions, tools: Path) -> dict[str, Any]:
         "server": {"threads": opts.server.threads, "n_ctx": opts.server.n_ctx, "n_batch": opts.server.n_batch},
         "engines": list(opts.engines),
         "argv": {e: server_argv(e, opts.server, "PORT", "N", tools) for e in opts.engines},
+        "tools": {"patched": str(tools.patched), "stock": None if tools.stock is None else str(tools.stock)},
         "workloads": [attrs.asdict(w) for w in opts.workloads],
         "lengths": attrs.asdict(opts.lengths),
         "loads": [attrs.asdict(load) for load in opts.loads],
@@ -84,10 +85,10 @@ def meta(opts: SweepOptions, tools: Path) -> dict[str, Any]:
     }
 
 
-async def _batched(opts: SweepOptions, tools: Path) -> list[dict[str, Any]]:
+async def _batched(opts: SweepOptions, tools: Tools) -> list[dict[str, Any]]:
     batches = sorted(set(opts.concurrency)) or [1]
     shapes = sorted({(w.input_len, w.output_len) for w in opts.workloads})
-    return [await run_batched_bench(tools / "llama-batched-bench", opts.server, pp, tg, batches,
+    return [await run_batched_bench(tools.patched / "llama-batched-bench", opts.server, pp, tg, batches,
                                     opts.out / "logs" / f"batched-bench-pp{pp}-tg{tg}.log", opts.request_timeout)
             for pp, tg in shapes]
 
@@ -95,7 +96,7 @@ async def _batched(opts: SweepOptions, tools: Path) -> list[dict[str, Any]]:
 async def run_sweep(opts: SweepOptions) -> dict[str, Any]:
     """Run everything, write results.json / summary.md / plots under `opts.out`; return the results."""
     opts.out.mkdir(parents=True, exist_ok=True)
-    tools = tools_dir(build=PEER in opts.engines or opts.batched_bench, progress=opts.progress)
+    tools = tools_for(opts.engines, opts.batched_bench, progress=opts.progress)
     vocab = read_vocab(opts.server.model.path)
     results: dict[str, Any] = {"meta": meta(opts, tools), "runs": [], "batched_bench": []}
     runs: list[RunResult] = []
@@ -113,7 +114,7 @@ async def run_sweep(opts: SweepOptions) -> dict[str, Any]:
             async with running_server(argv, port, log, startup_timeout=opts.startup_timeout) as server:
                 async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
                     for workload in opts.workloads:
-                        with tqdm(total=opts.run.count(load), desc=f"{engine:>12} {workload.name:<12} {load.label}",
+                        with tqdm(total=opts.run.count(load), desc=f"{engine:>18} {workload.name:<12} {load.label}",
                                   disable=not opts.progress, leave=True, file=sys.stderr) as bar:
                             run = await run_one(server, client, engine, workload, load, vocab, opts.run,
                                                 progress=lambda: bar.update())

@@ -1,4 +1,7 @@
-"""Admission actor: owns the waiting queue and the lanes; a thin loop over scheduling.Admission."""
+"""Admission actor: owns the waiting queue and the lanes; a thin shell over scheduling.Admission.
+
+Everything it is told happens on the trio thread: submissions and cancels come straight from
+the Engine, the composer's questions straight from the step; the inbox serves other callers."""
 
 from __future__ import annotations
 
@@ -7,7 +10,7 @@ from loguru import logger
 
 from ..scheduling.admission import Admission
 from ..scheduling.effects import Admit, ReturnLanes
-from ..scheduling.requests import cancelled_event
+from ..scheduling.requests import Request, cancelled_event
 from ._mail import deliver, poke, reply
 from .messages import Call, Cancel, Requeue, Submit, Wake
 
@@ -23,36 +26,47 @@ class AdmissionActor:
             async for msg in self.inbox:
                 self.handle(msg)
 
-    def handle(self, msg: object) -> None:
+    def ask(self, what: object) -> object:
+        """The composer's questions, answered directly (same trio thread): Admit, ReturnLanes, Requeue."""
         p = self.policy
-        if isinstance(msg, Cancel):
-            if p.cancel(msg.request):
-                logger.debug("request {} cancelled while waiting", msg.request.id)
-                deliver(msg.request.sink, cancelled_event(msg.request))
-            return
-        if not isinstance(msg, Call):  # pragma: no cover - a programming error, loudly
-            raise TypeError(f"Admission got {msg!r}")
-        what = msg.what
         if isinstance(what, Admit):
             answer, gone = p.answer(what)
             for r in gone:
                 deliver(r.sink, cancelled_event(r))
-            reply(msg.reply, answer)
-        elif isinstance(what, Submit):
-            try:
-                p.submit(what.request)
-            except Exception as exc:
-                reply(msg.reply, exc)
-                return
-            reply(msg.reply, None)
-            poke(self.composer, Wake())
-        elif isinstance(what, Requeue):
+            return answer
+        if isinstance(what, Requeue):
             for r in what.requests:
                 p.requeue(r)
-            reply(msg.reply, None)
-        elif isinstance(what, ReturnLanes):
+            return None
+        if isinstance(what, ReturnLanes):
             for s in what.seq_ids:
                 p.release(s)
-            reply(msg.reply, None)
-        else:  # pragma: no cover
-            raise TypeError(f"Admission got {what!r}")
+            return None
+        raise TypeError(f"Admission got {what!r}")  # pragma: no cover
+
+    def submit(self, request: Request, answer: trio.MemorySendChannel) -> None:
+        """A new request (from Engine.generate, on the trio thread): queued, or refused through `answer`."""
+        try:
+            self.policy.submit(request)
+        except Exception as exc:
+            reply(answer, exc)
+            return
+        reply(answer, None)
+        poke(self.composer, Wake())
+
+    def cancel(self, request: Request) -> None:
+        """The caller left: a waiting request ends here; a running one is swept by the step."""
+        if self.policy.cancel(request):
+            logger.debug("request {} cancelled while waiting", request.id)
+            deliver(request.sink, cancelled_event(request))
+
+    def handle(self, msg: object) -> None:
+        """A message from the inbox (anything not on the trio thread's direct path)."""
+        if isinstance(msg, Cancel):
+            self.cancel(msg.request)
+        elif isinstance(msg, Call) and isinstance(msg.what, Submit):
+            self.submit(msg.what.request, msg.reply)
+        elif isinstance(msg, Call):
+            reply(msg.reply, self.ask(msg.what))
+        else:  # pragma: no cover - a programming error, loudly
+            raise TypeError(f"Admission got {msg!r}")

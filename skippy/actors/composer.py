@@ -1,8 +1,11 @@
 """Composer actor: drives the step (scheduling.step.StepScheduler) over the other actors.
 
-The step is a generator of effects; each becomes one call to the actor that owns the
+The step is a generator of effects; each becomes one ask of the actor that owns the
 resource (admission: the queue and lanes; preemption: victims; the runtime owner: the
 context), or is done here (delivering events, waiting while idle). Nothing is decided here.
+The asks are direct calls, not channel round trips: every actor lives on the same trio
+thread and owns its state; the owner serialises the runtime with a lock. Channels carry
+what comes from outside the step (submissions, cancels, wake-ups).
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ import trio
 from ..scheduling.effects import Admit, Deliver, Idle, Preempt, ReadLedger, ReturnLanes
 from ..scheduling.step import StepScheduler
 from ..telemetry import StepReport
-from ._mail import call, deliver
+from ._mail import deliver
+from .admission import AdmissionActor
+from .preemption import PreemptionActor
+from .runtime_owner import RuntimeOwner
 
 
 class ComposerActor:
@@ -23,9 +29,9 @@ class ComposerActor:
         self,
         scheduler: StepScheduler,
         inbox: trio.MemoryReceiveChannel,
-        runtime: trio.MemorySendChannel,
-        admission: trio.MemorySendChannel,
-        preemption: trio.MemorySendChannel,
+        runtime: RuntimeOwner,
+        admission: AdmissionActor,
+        preemption: PreemptionActor,
         on_step: Callable[[StepReport], None] | None = None,
     ) -> None:
         self.scheduler = scheduler
@@ -38,17 +44,21 @@ class ComposerActor:
     async def run(self) -> None:
         async with self.inbox:
             while True:
-                self._drain()  # wake-ups that arrived while stepping: this step sees their cause
-                report = await self._drive(self.scheduler.step())
-                if report is not None and self.on_step is not None:
+                woken = self._drain()  # wake-ups that arrived while stepping: this step sees their cause
+                report = await self._drive(self.scheduler.step(woken))
+                if report is None:  # no decode ran (the step's one yield point): let the others run
+                    await trio.lowlevel.checkpoint()
+                elif self.on_step is not None:
                     self.on_step(report)
 
-    def _drain(self) -> None:
+    def _drain(self) -> bool:
+        woken = False
         while True:
             try:
                 self.inbox.receive_nowait()
             except trio.WouldBlock:
-                return
+                return woken
+            woken = True
 
     async def _drive(self, step: Generator[Any, Any, StepReport | None]) -> StepReport | None:
         answer = None
@@ -67,9 +77,9 @@ class ComposerActor:
         if isinstance(effect, Idle):  # wait for a submission or cancellation, or poll
             with trio.move_on_after(math.inf if effect.poll is None else effect.poll):
                 await self.inbox.receive()
-            return await call(self.runtime, ReadLedger())
+            return await self.runtime.ask(ReadLedger())
         if isinstance(effect, (Admit, ReturnLanes)):
-            return await call(self.admission, effect)
+            return self.admission.ask(effect)
         if isinstance(effect, Preempt):
-            return await call(self.preemption, effect)
-        return await call(self.runtime, effect)  # Decode, FreeCells, ShareCells
+            return await self.preemption.ask(effect)
+        return await self.runtime.ask(effect)  # Decode, FreeCells, ShareCells

@@ -8,50 +8,94 @@ until the next decode, so sampling happens right after, in the same job.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 import trio
 from loguru import logger
 
 from ..errors import NoKvSlotError
-from ..kv import Ledger
 from ..runtime import Runtime
-from ..scheduling.effects import Decode, FreeCells, ReadLedger, ShareCells, Shared, StepResult
+from ..scheduling.effects import Collect, Decode, FreeCells, Launch, ReadLedger, ShareCells, Shared, StepResult
 from ._mail import reply
 from .messages import Call
-from .worker import Worker
+from .worker import Job, Worker
 
 
 class RuntimeOwner:
+    """The one object that touches the runtime. `ask` serialises every use (a trio lock: a decode
+    in the worker thread and a seq_rm never overlap); the composer asks directly (same trio
+    thread, no hop), anything else through the inbox."""
+
     def __init__(self, runtime: Runtime, worker: Worker, inbox: trio.MemoryReceiveChannel) -> None:
         self.runtime = runtime
         self.worker = worker
         self.inbox = inbox
+        self._lock = trio.Lock()
+        self._launched: list[Job] = []  # steps started and not yet collected (they hold the lock)
+        self._last: StepResult | None = None  # the last launched step's result (worker thread only)
 
     async def run(self) -> None:
         async with self.inbox:
             async for msg in self.inbox:
                 if not isinstance(msg, Call):  # pragma: no cover - a programming error, loudly
                     raise TypeError(f"RuntimeOwner got {msg!r}")
-                what = msg.what
-                if isinstance(what, Decode):
-                    result = await self.worker.run(lambda: execute(self.runtime, what), on_cancel=self.runtime.abort)
-                    reply(msg.reply, result)
-                elif isinstance(what, FreeCells):
-                    reply(msg.reply, self._free(what.seq_ids))
-                elif isinstance(what, ShareCells):
-                    granted = self.runtime.share(what.src, what.dst, what.length)
-                    reply(msg.reply, Shared(granted, self.runtime.ledger()))
-                elif isinstance(what, ReadLedger):
-                    reply(msg.reply, self.runtime.ledger())
-                else:  # pragma: no cover
-                    raise TypeError(f"RuntimeOwner got {what!r}")
+                reply(msg.reply, await self.ask(msg.what))
 
-    def _free(self, seq_ids: tuple[int, ...]) -> Ledger:
-        for s in seq_ids:
-            self.runtime.seq_rm(s)
-        return self.runtime.ledger()
+    async def ask(self, what: object) -> object:
+        if isinstance(what, Launch):
+            if not self._launched:
+                await self._acquire()
+            job = self.worker.start(partial(self._run_launched, what))
+            self._launched.append(job)
+            return job
+        if isinstance(what, Collect):
+            try:
+                return await what.ticket.result(self.runtime.abort)
+            finally:
+                self._launched.remove(what.ticket)
+                if not self._launched:
+                    self._lock.release()
+        if self._launched and self._lock.statistics().owner is trio.lowlevel.current_task():
+            raise RuntimeError(f"{type(what).__name__} asked while the asker's launched step is in flight")
+        await self._acquire()
+        try:
+            if isinstance(what, Decode):
+                return await self.worker.run(lambda: execute(self.runtime, what), on_cancel=self.runtime.abort)
+            if isinstance(what, FreeCells):
+                for s in what.seq_ids:
+                    self.runtime.seq_rm(s)
+                return self.runtime.ledger()
+            if isinstance(what, ShareCells):
+                granted = self.runtime.share(what.src, what.dst, what.length)
+                return Shared(granted, self.runtime.ledger())
+            if isinstance(what, ReadLedger):
+                return self.runtime.ledger()
+        finally:
+            self._lock.release()
+        raise TypeError(f"RuntimeOwner got {what!r}")  # pragma: no cover
 
+    async def _acquire(self) -> None:
+        # without a checkpoint when the lock is free: the decode must reach the worker thread before
+        # any other task runs (streams writing the last step's tokens run while it computes)
+        try:
+            self._lock.acquire_nowait()
+        except trio.WouldBlock:
+            await self._lock.acquire()
+
+    def _run_launched(self, launch: Launch) -> StepResult:  # on the worker thread, in launch order
+        self._last = run_launched(self.runtime, launch, self._last)
+        return self._last
+
+
+def run_launched(rt: Runtime, launch: Launch, before: StepResult | None) -> StepResult:
+    """A launched step: a chained one takes the tokens the step before it sampled, or is skipped
+    (nothing runs, nothing changes) when that one did not complete."""
+    if launch.chained:
+        if before is None or before.error is not None or before.skipped or before.tokens is None:
+            return StepResult(rt.ledger(), skipped=True)
+        launch.plan.tokens[:] = before.tokens
+    return execute(rt, Decode(launch.plan, launch.samplers))
 
 
 def execute(rt: Runtime, step: Decode) -> StepResult:
@@ -66,6 +110,7 @@ def execute(rt: Runtime, step: Decode) -> StepResult:
     except Exception as exc:
         logger.warning("step failed: {!r}", exc)
         return StepResult(rt.ledger(), error=exc)
+    t_sampled = time.perf_counter()
     try:
         ids = sampled.tokens.tolist()
         pieces = tuple(rt.piece(t) for t in ids)
@@ -74,7 +119,8 @@ def execute(rt: Runtime, step: Decode) -> StepResult:
         logger.warning("step failed in detokenizing: {!r}", exc)
         return StepResult(rt.ledger(), error=exc)
     return StepResult(rt.ledger(), sampled.tokens, pieces, eog, sampled.t_decode,
-                      time.perf_counter() - t0 - sampled.t_decode)  # sampling + detokenizing
+                      time.perf_counter() - t0 - sampled.t_decode,  # sampling + detokenizing
+                      t_sampled=t_sampled)
 
 
 def _rollback(rt: Runtime, plan) -> tuple[int, ...]:

@@ -15,6 +15,34 @@ import outcome
 import trio
 
 
+class Job:
+    """One queued call on the worker thread; `result()` waits for it (cancelling it aborts and waits)."""
+
+    def __init__(self, fn: Callable[[], Any], token: trio.lowlevel.TrioToken) -> None:
+        self._fn, self._token = fn, token
+        self._done = trio.Event()
+        self._outcome: outcome.Outcome | None = None
+
+    def __call__(self) -> None:  # on the worker thread
+        self._outcome = outcome.capture(self._fn)
+        try:
+            self._token.run_sync_soon(self._done.set)
+        except trio.RunFinishedError:
+            pass
+
+    async def result(self, on_cancel: Callable[[], None] | None = None) -> Any:
+        try:
+            await self._done.wait()
+        except trio.Cancelled:
+            if on_cancel is not None:
+                on_cancel()
+            with trio.CancelScope(shield=True):
+                await self._done.wait()
+            raise
+        assert self._outcome is not None
+        return self._outcome.unwrap()
+
+
 class Worker:
     def __init__(self, name: str = "skippy-runtime") -> None:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -29,27 +57,14 @@ class Worker:
             job()
 
     async def run(self, fn: Callable[[], Any], on_cancel: Callable[[], None] | None = None) -> Any:
-        token = trio.lowlevel.current_trio_token()
-        done = trio.Event()
-        box: list[outcome.Outcome] = []
+        return await self.start(fn).result(on_cancel)
 
-        def job() -> None:
-            box.append(outcome.capture(fn))
-            try:
-                token.run_sync_soon(done.set)
-            except trio.RunFinishedError:
-                pass
-
+    def start(self, fn: Callable[[], Any]) -> "Job":
+        """Queue `fn` and return at once; jobs run one after another, in the order started, so a
+        second job queued behind a running one starts the moment the first is done."""
+        job = Job(fn, trio.lowlevel.current_trio_token())
         self._jobs.put(job)
-        try:
-            await done.wait()
-        except trio.Cancelled:
-            if on_cancel is not None:
-                on_cancel()
-            with trio.CancelScope(shield=True):
-                await done.wait()
-            raise
-        return box[0].unwrap()
+        return job
 
     @property
     def alive(self) -> bool:

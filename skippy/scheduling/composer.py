@@ -13,6 +13,7 @@ import attrs
 import numpy as np
 
 from ..errors import SkippyError
+from .budget import TokenBudget
 from .requests import FinishReason, Request, RequestState, TokenEvent
 from .text import TextAssembler
 
@@ -62,6 +63,18 @@ class StepPlan:
         """Requests of the logits rows, in row order."""
         return [c.request for c in self.chunks if c.output]
 
+    @property
+    def all_decode(self) -> bool:
+        return all(c.decode for c in self.chunks)
+
+    def advanced(self) -> "StepPlan":
+        """The decode step after this all-decode one, for the same sequences in the same order: each
+        one position on. Its tokens are what this step samples (filled in when it is launched chained)."""
+        assert self.all_decode
+        chunks = tuple(Chunk(c.request, c.start + 1, 1, True, True) for c in self.chunks)
+        return StepPlan(chunks, np.zeros_like(self.tokens), self.positions + 1, self.seq_ids.copy(),
+                        self.outputs.copy(), 0)
+
 
 def _to_next_pause(r: Request) -> int:
     """Tokens until the next point where its prefill must stop (a recurrent snapshot is taken there)."""
@@ -76,8 +89,9 @@ class Emitted:
 
 
 class Composer:
-    def __init__(self, n_batch: int) -> None:
+    def __init__(self, n_batch: int, budget: TokenBudget | None = None) -> None:
         self.n_batch = n_batch
+        self.budget = budget
         self.running: list[Request] = []  # admission order
 
     def add(self, requests: Sequence[Request]) -> None:
@@ -91,7 +105,8 @@ class Composer:
         self.running.remove(request)
 
     def compose(self, cell_budget: int | None = None) -> StepPlan:
-        """Decode tokens first, then prefill chunks in admission order, within both budgets.
+        """Decode tokens first, then prefill chunks in admission order, within the cell budget, n_batch
+        and the token budget (how much prefill may join a step that carries decodes).
 
         A request still waiting for a shared prefix to be copied in is left out."""
         budget = self.n_batch if cell_budget is None else min(self.n_batch, cell_budget)
@@ -99,6 +114,8 @@ class Composer:
         fit = decoding[: max(budget, 0)]
         chunks = [Chunk(r, r.cached, 1, True, True) for r in fit]
         left = budget - len(fit)
+        if self.budget is not None and fit:
+            left = min(left, self.budget.prefill_tokens(len(fit)))
         for r in self.running:
             if left <= 0:
                 break
@@ -107,7 +124,7 @@ class Composer:
                 chunks.append(Chunk(r, r.cached, n, n == r.pending, False))
                 left -= n
         n_dec = len(fit)
-        tok = np.empty(budget - left if chunks else 0, dtype=np.int32)
+        tok = np.empty(sum(c.n for c in chunks), dtype=np.int32)
         pos = np.empty_like(tok)
         seq = np.empty_like(tok)
         out = np.zeros(tok.size, dtype=np.int8)
@@ -127,7 +144,8 @@ class Composer:
         return StepPlan(tuple(chunks), tok, pos, seq, out, len(decoding) - n_dec)
 
     def apply(
-        self, plan: StepPlan, tokens: Sequence[int], pieces: Sequence[bytes], eog: Sequence[bool]
+        self, plan: StepPlan, tokens: Sequence[int], pieces: Sequence[bytes], eog: Sequence[bool],
+        t_sampled: float = 0.0,
     ) -> tuple[list[Emitted], list[Request]]:
         """Account a finished step: advance caches, route sampled tokens, detect finishes."""
         events: list[Emitted] = []
@@ -156,9 +174,9 @@ class Composer:
             if reason is not None:
                 self._finish(r, reason)
                 finished.append(r)
-                events.append(Emitted(r, TokenEvent(tok, text, index, reason, r.usage)))
+                events.append(Emitted(r, TokenEvent(tok, text, index, reason, r.usage, t_sampled=t_sampled)))
             else:
-                events.append(Emitted(r, TokenEvent(tok, text, index)))
+                events.append(Emitted(r, TokenEvent(tok, text, index, t_sampled=t_sampled)))
         return events, finished
 
     def _finish(self, r: Request, reason: FinishReason) -> None:

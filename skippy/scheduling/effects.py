@@ -77,6 +77,25 @@ class Decode:
 
 
 @attrs.frozen
+class Launch:
+    """Start a step on the runtime and answer at once with a ticket (its result comes with Collect).
+    `chained`: its decode tokens are the tokens the step launched before it samples, filled in on
+    the worker thread, so it starts the moment that one ends (overlap: the next step computes
+    while this one's tokens are routed and streamed)."""
+
+    plan: StepPlan
+    samplers: tuple[Sampler, ...]
+    chained: bool = False
+
+
+@attrs.frozen
+class Collect:
+    """Wait for a launched step; answered with its StepResult."""
+
+    ticket: Any
+
+
+@attrs.frozen
 class StepResult:
     ledger: Ledger
     tokens: np.ndarray | None = None  # one per output row
@@ -86,6 +105,8 @@ class StepResult:
     t_sample: float = 0.0
     error: Exception | None = None
     lost: tuple[int, ...] = ()  # seq ids whose memory could not be rolled back after a failed step
+    t_sampled: float = 0.0  # time.perf_counter() when the tokens were sampled (delivery latency starts here)
+    skipped: bool = False  # a chained step whose predecessor failed: it never ran, nothing changed
 
 
 @attrs.frozen

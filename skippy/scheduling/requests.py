@@ -49,6 +49,7 @@ class TokenEvent:
     finish_reason: FinishReason | None = None
     usage: Usage | None = None
     error: SkippyError | None = None
+    t_sampled: float = 0.0  # time.perf_counter() when its token was sampled (0: no token)
 
     @property
     def final(self) -> bool:

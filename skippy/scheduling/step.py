@@ -23,9 +23,11 @@ from loguru import logger
 from ..errors import NoKvSlotError, StepFailedError
 from ..kv import ComponentKind, Ledger
 from ..telemetry import Totals, StepReport
+from .budget import TokenBudget
 from .composer import Composer, StepPlan
 from .effects import (
-    Admit, Admitted, Decode, Deliver, FreeCells, Idle, Preempt, Preempted, ReturnLanes, ShareCells, Shared,
+    Admit, Admitted, Collect, Decode, Deliver, FreeCells, Idle, Launch, Preempt, Preempted, ReturnLanes, ShareCells,
+    Shared,
     StepResult,
 )
 from .memory import Headroom, shortfall, step_need
@@ -42,8 +44,8 @@ class StepScheduler:
     """The running set, the prefix cache and the ledger as the last answer left it."""
 
     def __init__(self, n_batch: int, decode_reserve: int, ledger: Ledger, prefix: PrefixCache | None = None,
-                 totals: Totals | None = None) -> None:
-        self.composer = Composer(n_batch)
+                 totals: Totals | None = None, budget: TokenBudget | None = None) -> None:
+        self.composer = Composer(n_batch, budget)
         self.decode_reserve = decode_reserve
         self.ledger = ledger
         self.prefix = prefix
@@ -51,20 +53,48 @@ class StepScheduler:
         self.waiting = 0  # as admission last said
         self.preempted_last = False
         self.step_no = 0
+        self._busy_since: tuple[float, float] | None = None  # (start, decode seconds) of the last step that ran
+        self.overlap = True  # chain steady decode steps (see _chain)
+        self._woken = True
+        self._inflight: tuple[StepPlan, Any] | None = None  # a launched step not yet collected
+        self._deferred: list[Request] = []  # finished while a step that holds them was in flight
 
     @property
     def running(self) -> list[Request]:
         return self.composer.running
 
+    @property
+    def idle(self) -> bool:
+        """No step in flight and no release pending."""
+        return self._inflight is None and not self._deferred
+
+    @property
+    def in_flight(self) -> StepPlan | None:
+        """The overlapped step launched and not yet collected (it may be computing now)."""
+        return self._inflight[0] if self._inflight is not None else None
+
+    @property
+    def holding(self) -> list[Request]:
+        """Finished requests whose lanes wait for the step in flight that still decodes them."""
+        return list(self._deferred)
+
     # -- the step --------------------------------------------------------------------
 
-    def step(self) -> Generator[Any, Any, StepReport | None]:
+    def step(self, woken: bool = True) -> Generator[Any, Any, StepReport | None]:
+        """One iteration. `woken`: something may have changed outside (a submission, a cancel); the
+        driver passes False only when it knows nothing did, so admission need not be asked."""
         t0 = time.perf_counter()
+        self._close_busy(t0)
+        self._woken = self._woken or woken
+        if self._inflight is not None:
+            return (yield from self._chain(t0))
+        yield from self._release_deferred()
         yield from self._sweep_cancelled()
         victims = yield from self._relieve(self._decode_shortfall())
         admitted: Sequence[Request] = ()
         queried = not victims and not self.preempted_last
-        if queried:
+        if queried and (self._woken or self.waiting):
+            self._woken = False
             headroom = Headroom.of(self.ledger, self.running, self.decode_reserve)
             answer: Admitted = yield Admit(headroom, self.prefix.match if self.prefix is not None else None)
             admitted, self.waiting = answer.requests, answer.waiting
@@ -87,11 +117,27 @@ class StepScheduler:
             if self.running:  # nothing fits and nobody can be preempted
                 yield from self._fail(self.running[-1:], NoKvSlotError(1, "a sequence cannot fit the memory left"))
                 return None
+            self._close_busy(time.perf_counter())
+            self._busy_since = None  # waiting for work is not overhead
             self.ledger = yield Idle(IDLE_POLL_S if self.waiting else None)
+            self._woken = True  # the wait ended on a wake-up (or a poll): look at the queue
             return None
         t_compose = time.perf_counter() - t0
-        result: StepResult = yield Decode(plan, tuple(r.sampler for r in plan.output_requests))
+        samplers = tuple(r.sampler for r in plan.output_requests)
+        if self.overlap and not victims and len(plan.chunks) == len(self.running) and self._steady(plan):
+            self._inflight = (plan, (yield Launch(plan, samplers)))
+            return (yield from self._chain(t0, admitted, t_compose))
+        result: StepResult = yield Decode(plan, samplers)
+        return (yield from self._finish(plan, result, t0, t1_compose=t_compose, n_running=n_running,
+                                        admitted=admitted, victims=victims))
+
+    def _finish(self, plan: StepPlan, result: StepResult, t0: float, *, t1_compose: float, n_running: int,
+                admitted: Sequence[Request], victims: list[Request]) -> Effects:
+        """Account a step's result: route its tokens, keep prompts, release what finished, report."""
         self.ledger = result.ledger
+        self._busy_since = (t0, result.t_decode)
+        if result.error is None and self.composer.budget is not None:
+            self.composer.budget.observe(plan.n_tokens, result.t_decode)
         t1 = time.perf_counter()
         finished, failed, outputs = yield from self._settle(plan, result)
         if isinstance(result.error, NoKvSlotError):
@@ -99,7 +145,65 @@ class StepScheduler:
             self.preempted_last = True
         t_step = time.perf_counter() - t0
         return self._report(n_running, plan, admitted, victims, finished, failed, outputs, result,
-                            t_compose, time.perf_counter() - t1 + result.t_sample, t_step)
+                            t1_compose, time.perf_counter() - t1 + result.t_sample, t_step)
+
+    # -- overlapped decode steps ---------------------------------------------------------
+    # In steady decoding (every running sequence decodes, nothing waits, nothing changed) the
+    # next step is launched chained before this one's result is read: the worker thread starts
+    # it the moment this one's tokens are sampled, while this thread routes and streams them.
+    # Its batch is exactly what the synchronous path would compose (the same sequences, one
+    # position on, the sampled tokens), so outputs are the same; a sequence that finishes by
+    # end-of-generation or a stop string has decoded one token more, which is dropped, and its
+    # release waits until that step is collected. Anything else ends the chain: the launched
+    # step is collected and the next iteration is synchronous again.
+
+    def _steady(self, plan: StepPlan) -> bool:
+        """Whether the decode step after `plan` (still running) can be launched now."""
+        if self._woken or self.waiting or self._deferred or self.preempted_last or not plan.all_decode:
+            return False
+        running = set(map(id, self.running))
+        for c in plan.chunks:
+            r = c.request
+            if r.cancel_requested or r.share is not None or r.remaining < 2 or id(r) not in running:
+                return False
+            if c.start < r.prompt.size:  # its prompt's last token: the prefix cache records it (a runtime call)
+                return False
+        attn = self.ledger.get(ATTN)
+        return attn is None or attn.free >= 2 * plan.n_tokens + self.decode_reserve
+
+    def _chain(self, t0: float, admitted: Sequence[Request] = (), t_compose: float = 0.0) -> Effects:
+        plan, ticket = self._inflight
+        nxt = None
+        if self._steady(plan):
+            nxt = plan.advanced()
+            nticket = yield Launch(nxt, tuple(r.sampler for r in nxt.output_requests), chained=True)
+        result: StepResult = yield Collect(ticket)
+        if nxt is not None and result.error is not None:
+            yield Collect(nticket)  # skipped: a chained step does not run after a failed one
+            nxt = None
+        self._inflight = (nxt, nticket) if nxt is not None else None
+        if result.skipped:  # nothing ran, nothing changed
+            return None
+        report = yield from self._finish(plan, result, t0, t1_compose=t_compose, n_running=len(self.running),
+                                         admitted=admitted, victims=[])
+        if self._inflight is None:
+            yield from self._release_deferred()
+        return report
+
+    def _release_deferred(self) -> Effects:
+        if self._deferred:
+            gone, self._deferred = self._deferred, []
+            yield from self._release(gone)
+
+    def _close_busy(self, now: float) -> None:
+        """Account the wall time from the last step's start to `now`: all of it is the engine's
+        (actor hops, the worker hand-off, composing, sampling, routing, delivery) except the
+        decode itself. That is the overhead figure: per-token Python work, honestly counted."""
+        if self._busy_since is not None:
+            start, decode = self._busy_since
+            self.totals.t_busy += now - start
+            self.totals.t_busy_decode += decode
+            self._busy_since = (now, 0.0)
 
     # -- memory ------------------------------------------------------------------------
 
@@ -121,6 +225,7 @@ class StepScheduler:
         if missing and (yield from self._evict_for(missing)):
             return []
         answer: Preempted = yield Preempt(tuple(self.running), missing, at_least)
+        self.waiting += len(answer.victims)  # requeued: admission must be asked again
         for v in answer.victims:
             self.composer.remove(v)
             if self.prefix is not None:
@@ -129,10 +234,14 @@ class StepScheduler:
         return list(answer.victims)
 
     def _release(self, requests: Sequence[Request]) -> Effects:
-        """Finished, cancelled or failed requests give back their cells, then their lanes."""
+        """Finished, cancelled or failed requests give back their cells, then their lanes (after the
+        launched step that still holds them, if one is in flight)."""
         if self.prefix is not None:
             for r in requests:
                 self.prefix.released(r)
+        if self._inflight is not None:
+            self._deferred.extend(requests)
+            return
         seq_ids = tuple(r.seq_id for r in requests if r.seq_id is not None)
         if not seq_ids:
             return
@@ -242,7 +351,8 @@ class StepScheduler:
         in_step = list(dict.fromkeys(c.request for c in plan.chunks if c.request in self.running))
         if result.error is None:
             try:
-                events, finished = self.composer.apply(plan, result.tokens, result.pieces, result.eog)
+                events, finished = self.composer.apply(plan, result.tokens, result.pieces, result.eog,
+                                                      result.t_sampled)
             except Exception as exc:  # a bug in routing must not take the engine down with it
                 in_step = [r for r in in_step if r in self.running]
                 yield from self._fail(in_step, exc)

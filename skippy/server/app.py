@@ -8,7 +8,6 @@ in `protocol`, everything Prometheus-shaped in `metrics`.
 from __future__ import annotations
 
 import itertools
-import json
 import time
 import uuid
 from typing import Any, AsyncIterator, Sequence
@@ -159,46 +158,63 @@ async def _collect(request: HttpRequest, state: ServerState, stream: Any, shape:
 
 
 async def _sse(state: ServerState, stream: Any, shape: P.ResponseShape, call: P.GenerateCall,
-               t_arrival: float) -> AsyncIterator[dict[str, str]]:
-    """Streaming: one chunk per event, usage last when asked, then [DONE]. Being cancelled
-    (the client left: sse-starlette cancels us) cancels the request."""
+               t_arrival: float) -> AsyncIterator[bytes]:
+    """Streaming: one chunk per token, usage last when asked, then [DONE]. The tokens that queued
+    while the client was slow go out in one write, each once and in order. Being cancelled (the
+    client left: sse-starlette cancels us) cancels the request."""
     t_first = t_last = None
     n = 0
     first = True
+    encode = shape.text_event_encoder(call.include_usage)
     try:
         if call.kind == "chat":  # OpenAI opens a chat stream with the role
-            yield {"data": json.dumps(shape.chunk("", first=True, include_usage=call.include_usage))}
+            yield P.sse_event(shape.chunk("", first=True, include_usage=call.include_usage))
             first = False
-        async for event in stream:
-            if event.token is not None:
-                n += 1
-                t_last = time.perf_counter()
-                t_first = t_first or t_last
-            if event.final:
-                if event.finish_reason in ("cancelled", "error"):
-                    err = (P.shutting_down() if event.finish_reason == "cancelled" else
-                           P.ApiError(500, f"generation failed: {event.error}", type="server_error",
-                                      code="generation_failed"))
-                    yield {"data": json.dumps(err.body())}
+        while True:
+            events = await stream.batch()
+            if not events:  # ended without a final event: cancelled by shutdown
+                yield P.sse_event(P.shutting_down().body())
+                break
+            now = time.perf_counter()
+            out: list[bytes] = []
+            final = None
+            for event in events:
+                if event.token is not None:
+                    n += 1
+                    t_last = now
+                    t_first = t_first or now
+                if event.final:
+                    final = event
                     break
                 if event.text:
-                    yield {"data": json.dumps(shape.chunk(event.text, first=first, include_usage=call.include_usage))}
-                yield {"data": json.dumps(shape.chunk("", event.finish_reason, include_usage=call.include_usage))}
-                if call.include_usage:
-                    u = event.usage
-                    yield {"data": json.dumps(shape.usage_chunk(
-                        P.usage_json(u.prompt_tokens, u.completion_tokens, u.cached_tokens)))}
+                    out.append(encode(event.text, first))
+                    first = False
+            if final is not None:
+                out += _final_events(final, shape, call, encode, first)
+            if out:
+                yield b"".join(out)
+                if events[0].t_sampled:  # the oldest token of this write: sampled -> its bytes written
+                    state.metrics.delivery.observe(time.perf_counter() - events[0].t_sampled)
+            if final is not None:
                 break
-            if event.text:
-                yield {"data": json.dumps(shape.chunk(event.text, first=first, include_usage=call.include_usage))}
-                first = False
-        else:  # ended without a final event: cancelled by shutdown
-            yield {"data": json.dumps(P.shutting_down().body())}
-        yield {"data": "[DONE]"}
+        yield P.sse_event("[DONE]")
     finally:
         stream.cancel()
         state.untrack(stream)
         state.metrics.observe(t_arrival, t_first, t_last, n)
+
+
+def _final_events(final: Any, shape: P.ResponseShape, call: P.GenerateCall, encode: Any, first: bool) -> list[bytes]:
+    if final.finish_reason in ("cancelled", "error"):
+        err = (P.shutting_down() if final.finish_reason == "cancelled" else
+               P.ApiError(500, f"generation failed: {final.error}", type="server_error", code="generation_failed"))
+        return [P.sse_event(err.body())]
+    out = [encode(final.text, first)] if final.text else []
+    out.append(P.sse_event(shape.chunk("", final.finish_reason, include_usage=call.include_usage)))
+    if call.include_usage:
+        u = final.usage
+        out.append(P.sse_event(shape.usage_chunk(P.usage_json(u.prompt_tokens, u.completion_tokens, u.cached_tokens))))
+    return out
 
 
 # -- routes ---------------------------------------------------------------------------------

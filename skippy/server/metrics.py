@@ -17,6 +17,7 @@ from prometheus_client.registry import Collector
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 _TTFT_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+_DELIVERY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0)
 _TPOT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 
 
@@ -57,6 +58,14 @@ class _EngineCollector(Collector):
             fin.add_metric([reason], n)
         yield fin
         yield CounterMetricFamily("skippy_engine_steps", "Engine steps (one mixed ubatch each)", value=s.steps)
+        yield CounterMetricFamily("skippy_step_busy_seconds",
+                                  "Wall seconds from each step's start to the next one's while the engine is busy",
+                                  value=s.t_busy)
+        yield CounterMetricFamily("skippy_step_decode_seconds", "Of the busy seconds, those inside the runtime's decode",
+                                  value=s.t_busy_decode)
+        yield GaugeMetricFamily("skippy_step_overhead_ratio",
+                                "Share of busy wall time outside the decode (every per-token cost of the engine)",
+                                value=s.step_overhead_pct / 100.0)
         yield CounterMetricFamily("skippy_prompt_tokens", "Prompt tokens prefilled", value=s.prefill_tokens)
         yield CounterMetricFamily("skippy_generation_tokens", "Tokens generated", value=s.output_tokens)
         yield CounterMetricFamily("skippy_prefix_cache_queries", "Prompt tokens looked up in the prefix cache",
@@ -82,6 +91,9 @@ class ServerMetrics:
                               buckets=_TPOT_BUCKETS, registry=self.registry)
         self.e2e = Histogram("skippy_request_latency_seconds", "Seconds from arrival to the last token",
                              buckets=_TTFT_BUCKETS, registry=self.registry)
+        self.delivery = Histogram("skippy_token_delivery_seconds",
+                                  "Seconds from a token's sampling to its SSE bytes written (per write: its oldest token)",
+                                  buckets=_DELIVERY_BUCKETS, registry=self.registry)
 
     def observe(self, t_arrival: float, t_first: float | None, t_last: float | None, n_tokens: int) -> None:
         if t_first is None:

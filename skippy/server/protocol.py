@@ -322,9 +322,34 @@ class ResponseShape:
             out["usage"] = None  # OpenAI: null on every chunk but the usage-only last one
         return out
 
+    def text_event_encoder(self, include_usage: bool) -> Callable[[str, bool], bytes]:
+        """(text, first) -> one SSE event carrying a content chunk, as bytes. The JSON around the text
+        is rendered once per request, so a streamed token costs one string escape, not a dict and a dump."""
+        mark = "\x00skippy-text\x00"
+
+        def halves(first: bool) -> tuple[bytes, bytes]:
+            head, sep, tail = json.dumps(self.chunk(mark, first=first, include_usage=include_usage)).partition(
+                json.dumps(mark))
+            assert sep, "the chunk must carry its text verbatim"
+            return b"data: " + head.encode(), tail.encode() + b"\r\n\r\n"
+
+        plain, opening = halves(False), halves(True)
+
+        def encode(text: str, first: bool = False) -> bytes:
+            head, tail = opening if first else plain
+            return head + json.dumps(text).encode() + tail
+
+        return encode
+
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         return {**self._head(obj), "choices": [], "usage": usage}
+
+
+def sse_event(obj: Any) -> bytes:
+    """One server-sent event whose data is `obj` as JSON (or a literal string such as [DONE])."""
+    data = obj if isinstance(obj, str) else json.dumps(obj)
+    return b"data: " + data.encode() + b"\r\n\r\n"
 
 
 def models_json(names: Sequence[str], created: int) -> dict[str, Any]:

@@ -15,8 +15,8 @@ import numpy as np
 from ..engine import EngineConfig, Policies, build_policies, policy_stats
 from ..errors import OverloadedError
 from ..scheduling.effects import (
-    Admit, Decode, Deliver, FreeCells, Idle, Preempt, Preempted, ReadLedger, ReturnLanes, ShareCells, Shared,
-    StepResult,
+    Admit, Collect, Decode, Deliver, FreeCells, Idle, Launch, Preempt, Preempted, ReadLedger, ReturnLanes,
+    ShareCells, Shared, StepResult,
 )
 from ..scheduling.requests import Request, RequestState, TokenEvent, cancelled_event
 from ..telemetry import EngineStats, StepReport
@@ -37,6 +37,12 @@ class SyncScheduler:
         self.admission_log: list[Request] = []  # fresh admissions, in order
         self.reports: list[StepReport] = []
         self._ids = itertools.count()
+        self._woken = True
+        self._launched: list[tuple[int, Any]] = []  # (ticket, Launch) not yet run
+        self._results: dict[int, StepResult] = {}
+        self._last: StepResult | None = None
+        self._tickets = itertools.count()
+        self.launches = 0  # steps launched overlapped (chained decode)
 
     @property
     def admission(self):
@@ -61,12 +67,14 @@ class SyncScheduler:
             self.admission.submit(r)
         except OverloadedError:
             assert r.state is RequestState.REJECTED
+        self._woken = True  # as the admission actor pokes the composer
         return r
 
     def cancel(self, r: Request) -> None:
         r.cancel_requested = True
         if self.admission.cancel(r):
             self._deliver(r, cancelled_event(r))
+        self._woken = True
 
     def stats(self) -> EngineStats:
         return policy_stats(self.policies, self.lanes.ceiling)
@@ -74,7 +82,8 @@ class SyncScheduler:
     # -- the step ----------------------------------------------------------------------------
 
     def step(self) -> StepReport | None:
-        gen = self.scheduler.step()
+        gen = self.scheduler.step(self._woken)
+        self._woken = False
         answer = None
         while True:
             try:
@@ -115,6 +124,18 @@ class SyncScheduler:
             return None
         if isinstance(effect, Decode):
             return self._decode(effect)
+        if isinstance(effect, Launch):  # runs when collected: memory changes between steps see it pending
+            ticket = next(self._tickets)
+            self._launched.append((ticket, effect))
+            self.launches += 1
+            return ticket
+        if isinstance(effect, Collect):
+            from ..actors.runtime_owner import run_launched
+
+            while effect.ticket not in self._results:
+                ticket, launch = self._launched.pop(0)
+                self._last = self._results[ticket] = run_launched(self.runtime, launch, self._last)
+            return self._results.pop(effect.ticket)
         raise TypeError(f"unknown effect {effect!r}")
 
     def _free(self, seq_ids: Sequence[int]):
@@ -134,9 +155,9 @@ class SyncScheduler:
         got.append(event)
 
     def drain(self, max_steps: int = 20_000) -> None:
-        """Step until nothing waits or runs (every admitted request has finished)."""
+        """Step until nothing waits, runs or is in flight (every admitted request has finished)."""
         for _ in range(max_steps):
             self.step()
-            if not self.admission.waiting and not self.running:
+            if not self.admission.waiting and not self.running and self.scheduler.idle:
                 return
         raise AssertionError("the scheduler did not drain")

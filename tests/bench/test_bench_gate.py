@@ -75,3 +75,24 @@ def test_checks_are_per_workload_and_only_closed_loop():
     assert by[("chat", "no failed requests")]  # the Poisson run's failures are not a closed-loop check
     assert {w for w, _ in by} == {"chat", "rag"}
     assert {c.workload for c in gate(runs, 32, TH, workloads=["rag"])} == {"rag"}
+
+
+def test_pairs_judge_skippy_fast_and_the_stock_server():
+    peer = Thresholds(throughput_ratio=1.0, goodput_ratio=1.0)
+    th = {**TH, "llama-server": peer, "llama-server-stock": peer}
+    runs = {(e, "chat", "closed", float(n)): summ(tok) for e, tok in
+            (("skippy", 100), ("skippy-fast", 120), ("llama-server", 110), ("llama-server-stock", 105))
+            for n in (1, 32)}
+    checks = gate(runs, 32, th)
+    by_pair = {(c.engine, c.reference) for c in checks}
+    # single-lane absent: not judged; skippy-fast is judged against the llama-servers only
+    assert by_pair == {("skippy", "llama-server"), ("skippy", "llama-server-stock"),
+                       ("skippy-fast", "llama-server"), ("skippy-fast", "llama-server-stock")}
+    passed = {pair: all(c.passed for c in checks if (c.engine, c.reference) == pair) for pair in by_pair}
+    assert passed == {("skippy", "llama-server"): False, ("skippy", "llama-server-stock"): False,
+                      ("skippy-fast", "llama-server"): True, ("skippy-fast", "llama-server-stock"): True}
+    text = render(checks)
+    assert "== skippy-fast vs llama-server-stock: PASS (6/6 checks)" in text
+    assert "== skippy vs llama-server: FAIL" in text
+    # a reference without thresholds is not judged
+    assert {c.reference for c in gate(runs, 32, {"llama-server": peer})} == {"llama-server"}

@@ -82,3 +82,52 @@ def test_plan_refuses_a_budget_that_holds_nothing(native_build):
     run = subprocess.run([sys.executable, "-m", "skippy", "plan", "--family", "llama", "--memory", "1K"],
                          capture_output=True, text=True, timeout=60)
     assert run.returncode == 2 and "does not hold" in run.stderr
+
+
+def _args(*argv: str):
+    from skippy.cli import _parser
+
+    return _parser().parse_args(list(argv))
+
+
+def test_serve_maps_the_latency_options_to_the_engine_config():
+    import attrs
+
+    from skippy.cli import _serve_config
+    from skippy.engine import EngineConfig
+
+    default = _serve_config(_args("serve", "--family", "llama"))
+    assert default["batch_invariant"] is True and "tpot_target_ms" not in default  # an engine without it still opens
+    EngineConfig(**default)  # every key is an EngineConfig field
+    fast = _serve_config(_args("serve", "--family", "llama", "--no-batch-invariant", "--tpot-target-ms", "25"))
+    assert fast["batch_invariant"] is False and fast["tpot_target_ms"] == 25.0
+    if "tpot_target_ms" in attrs.fields_dict(EngineConfig):
+        assert EngineConfig(**fast).tpot_target_ms == 25.0
+    else:
+        EngineConfig(**{k: v for k, v in fast.items() if k != "tpot_target_ms"})
+    assert _serve_config(_args("serve", "--batch-invariant"))["batch_invariant"] is True
+    assert _serve_config(_args("serve", "--tpot-target-ms", "0"))["tpot_target_ms"] == 0.0  # 0: no budget
+
+
+@pytest.mark.parametrize("bad", ["-5", "fast", "nan", "inf"])
+def test_tpot_target_must_be_a_number_of_ms(bad, capsys):
+    with pytest.raises(SystemExit):
+        _args("serve", "--tpot-target-ms", bad)
+    assert "--tpot-target-ms" in capsys.readouterr().err
+
+
+def test_demo_passes_the_latency_options_to_the_engine(monkeypatch):
+    from skippy import cli
+    from skippy import demo
+
+    seen = {}
+    monkeypatch.setattr(cli, "_resolve_checked", lambda args: "model.gguf")
+
+    def fake_main(model, sessions, max_tokens, progress=True, shared_prefix_tokens=0, **config):
+        seen.update(config)
+        return {"failed": 0}
+
+    monkeypatch.setattr(demo, "main", fake_main)
+    args = _args("demo", "--family", "llama", "--no-batch-invariant", "--tpot-target-ms", "40")
+    assert args.func(args) == 0
+    assert seen["batch_invariant"] is False and seen["tpot_target_ms"] == 40.0

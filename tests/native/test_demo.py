@@ -22,11 +22,11 @@ def test_demo_on_a_synthetic_family_ends_with_one_json_line(native_build):
     assert len(lines) == 1
     result = json.loads(lines[0])
     assert set(result) == {"completed", "failed", "max_running", "steps", "mixed_steps", "preemptions",
-                           "out_tok_per_s", "python_overhead_pct", "prefix_hit_tokens", "prefill_tokens",
+                           "out_tok_per_s", "step_overhead_pct", "prefix_hit_tokens", "prefill_tokens",
                            "kv_cells_peak"}
     assert result["completed"] == 6 and result["failed"] == 0
     assert result["max_running"] == 4 and result["mixed_steps"] > 0
-    assert 0 <= result["python_overhead_pct"] <= 100
+    assert 0 <= result["step_overhead_pct"] <= 100
 
 
 def test_demo_with_a_shared_system_prompt_computes_it_once(native_build):

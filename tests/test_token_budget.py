@@ -1,0 +1,111 @@
+"""The step token budget (scheduling.budget) and its use in composition: pure, no timing."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from hypothesis import given
+from hypothesis import strategies as st
+
+from skippy.scheduling import Composer, Request, RequestState
+from skippy.scheduling.budget import MIN_SAMPLES, StepCostModel, TokenBudget
+
+
+def fed(budget: TokenBudget, fixed: float, per_token: float, sizes=(1, 4, 8, 16, 32, 64, 128, 256)) -> TokenBudget:
+    for n in sizes:
+        budget.observe(n, fixed + per_token * n)
+    return budget
+
+
+def test_the_cost_model_recovers_a_linear_step_cost_and_refuses_to_guess():
+    m = StepCostModel()
+    for n in range(1, MIN_SAMPLES):
+        m.observe(n, 0.005 + 0.001 * n)
+    assert m.fit() is None  # too few steps
+    m.observe(MIN_SAMPLES, 0.005 + 0.001 * MIN_SAMPLES)
+    fixed, per_token = m.fit()
+    assert math.isclose(fixed, 0.005, rel_tol=1e-9) and math.isclose(per_token, 0.001, rel_tol=1e-9)
+    same = StepCostModel()
+    for _ in range(20):
+        same.observe(8, 0.01)  # one size only: no slope to learn
+    assert same.fit() is None
+    same.observe(0, 1.0)
+    same.observe(4, float("nan"))
+    assert len(same._samples) == 20  # empty steps and nonsense are not samples
+
+
+def test_a_step_without_decodes_stalls_nobody_and_takes_the_whole_batch():
+    b = fed(TokenBudget(512, target_s=0.001), 0.005, 0.001)
+    assert b.prefill_tokens(0) == 512
+
+
+def test_before_anything_is_measured_steps_fill_the_batch_as_before():
+    assert TokenBudget(512, target_s=0.02).prefill_tokens(8) == 504
+
+
+def test_a_target_bounds_the_prefill_that_joins_decodes():
+    b = fed(TokenBudget(512, target_s=0.020, min_prefill=4), fixed=0.005, per_token=0.0005)
+    # 5 ms + 0.5 ms x (8 decodes + p) <= 20 ms  ->  p = 22
+    assert b.prefill_tokens(8) == 22
+    assert b.prefill_tokens(500) == 4  # past the target: the floor
+    assert b.prefill_tokens(510) == 2  # the floor, capped by what n_batch leaves
+
+
+def test_without_a_target_a_mixed_step_costs_at_most_twice_a_decode_only_step():
+    b = fed(TokenBudget(512, min_prefill=4), fixed=0.005, per_token=0.0005)
+    # 2 x (5 + 0.5 x 8) = 18 ms -> (18 - 5) / 0.5 - 8 = 18
+    assert b.prefill_tokens(8) == 18
+
+
+def test_prompts_always_move_and_zero_target_turns_the_budget_off():
+    tight = fed(TokenBudget(512, target_s=0.001, min_prefill=32), 0.005, 0.0005)
+    assert tight.prefill_tokens(64) == 32
+    off = fed(TokenBudget(512, target_s=math.inf), 0.005, 0.0005)
+    assert off.prefill_tokens(64) == 448
+
+
+@given(fixed=st.floats(0, 0.05), per_token=st.floats(1e-5, 0.01), target=st.floats(0.001, 1.0),
+       n_decode=st.integers(1, 511), floor=st.integers(1, 64))
+def test_a_mixed_step_predicted_past_the_target_only_at_the_floor(fixed, per_token, target, n_decode, floor):
+    b = fed(TokenBudget(512, target_s=target, min_prefill=floor), fixed, per_token)
+    p = b.prefill_tokens(n_decode)
+    assert 0 <= p <= 512 - n_decode
+    predicted = fixed + per_token * (n_decode + p)
+    assert predicted <= target + per_token * 1e-6 + 1e-12 or p <= floor
+
+
+def request(rid: int, n: int, cached: int, generated=()) -> Request:
+    r = Request(rid, np.arange(1, n + 1, dtype=np.int32), 64, arrival=rid)
+    r.state, r.seq_id, r.cached, r.generated = RequestState.RUNNING, rid, cached, list(generated)
+    return r
+
+
+def test_composition_sends_every_decode_and_moves_a_long_prompt_each_step_within_the_budget():
+    budget = fed(TokenBudget(256, target_s=0.010, min_prefill=8), fixed=0.002, per_token=0.0002)
+    c = Composer(256, budget)
+    decoders = [request(i, 4, 4, generated=[9]) for i in range(10)]
+    long = request(10, 300, 0)
+    c.add(decoders + [long])
+    steps = 0
+    while long.pending > 1:
+        plan = c.compose()
+        assert plan.n_decode == 10  # nobody's stream waits for the prompt
+        prefill = plan.n_prefill
+        assert 8 <= prefill <= budget.prefill_tokens(10)
+        c.apply(plan, [5] * len(plan.output_requests), [b"a"] * len(plan.output_requests),
+                [False] * len(plan.output_requests))
+        for r in decoders:  # keep them decoding
+            r.generated = r.generated[-1:]
+            r.cached = r.n_tokens - 1
+        steps += 1
+    assert steps == math.ceil(300 / budget.prefill_tokens(10))  # (10 - 2) / 0.2 - 10 = 30 per step
+
+
+def test_the_fit_follows_the_window_and_equals_a_fresh_fit_after_many_steps():
+    m = StepCostModel(window=16)
+    for i in range(1000):  # an old regime, then a new one that fills the window
+        n = 1 + i % 37
+        m.observe(n, (0.001 + 0.0001 * n) if i < 900 else (0.004 + 0.0003 * n))
+    fixed, per_token = m.fit()
+    assert math.isclose(fixed, 0.004, rel_tol=1e-6) and math.isclose(per_token, 0.0003, rel_tol=1e-6)
