@@ -17,7 +17,7 @@ from collections import deque
 
 import attrs
 
-DEFAULT_STALL_FACTOR = 2.0  # with no target: a mixed step may cost up to this many decode-only steps
+DEFAULT_STALL_FACTOR = 4.0  # with no target: a mixed step may cost up to this many decode-only steps
 MIN_SAMPLES = 8  # steps of distinct sizes seen before the fit is trusted
 
 
