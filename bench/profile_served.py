@@ -33,6 +33,7 @@ from bench.gate.procs import free_port  # noqa: E402
 
 # what a frame's function/file says about which part of the path it is (first match wins, leaf first)
 PARTS = [
+    ("idle (waiting for work)", ("EpollIOManager.get_events", "_epoll_wait", "Worker._loop", "wait_woken")),
     ("decode (llama_decode)", ("decode (skippy/native/context.py", "llama_decode")),
     ("sampling + detokenize", ("sample_rows", "skippy/sampling.py", "piece (skippy/native/tokenizer.py",
                                "is_eog (skippy/native/tokenizer.py")),
@@ -48,6 +49,8 @@ PARTS = [
 
 def classify(stack: str) -> str:
     frames = stack.split(";")[::-1]  # leaf first
+    if frames and any(n in frames[0] for n in PARTS[0][1]):  # blocked in a wait (py-spy counts some waits as active)
+        return PARTS[0][0]
     for frame in frames:
         for name, needles in PARTS:
             if any(n in frame for n in needles):
@@ -128,7 +131,7 @@ def main() -> int:
         trio.run(drive, url, 1, 1, 8, a.prompt_len)  # warm-up, not profiled
         before = scrape(url)
         spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(server.pid), "--rate", str(a.rate),
-                                "--format", "raw", "--threads", "--output", str(out / "profile.txt")],
+                                "--format", "raw", "--threads", "--nonblocking", "--output", str(out / "profile.txt")],
                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         time.sleep(1.0)
         t = time.perf_counter()
