@@ -109,3 +109,16 @@ def test_the_fit_follows_the_window_and_equals_a_fresh_fit_after_many_steps():
         m.observe(n, (0.001 + 0.0001 * n) if i < 900 else (0.004 + 0.0003 * n))
     fixed, per_token = m.fit()
     assert math.isclose(fixed, 0.004, rel_tol=1e-6) and math.isclose(per_token, 0.0003, rel_tol=1e-6)
+
+
+def test_a_burst_of_prompts_waiting_for_their_first_token_lifts_the_budget():
+    budget = fed(TokenBudget(256, target_s=0.010, min_prefill=8), fixed=0.002, per_token=0.0002)
+    c = Composer(256, budget)
+    decoders = [request(i, 4, 4, generated=[9]) for i in range(2)]
+    prompts = [request(10 + i, 100, 0) for i in range(3)]  # three prompts vs two streams: a burst
+    c.add(decoders + prompts)
+    plan = c.compose()
+    assert plan.n_decode == 2 and plan.n_prefill == 254  # the whole batch
+    c2 = Composer(256, budget)
+    c2.add([request(i, 4, 4, generated=[9]) for i in range(3)] + [request(20, 100, 0)])  # steady: budgeted
+    assert c2.compose().n_prefill == budget.prefill_tokens(3)

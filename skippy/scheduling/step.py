@@ -10,7 +10,7 @@ Per step: sweep cancellations (their cells are freed before anything else) -> re
 decode pressure (evict resident prefixes first, then preempt), or else admit -> copy in
 shared prefixes -> compose -> one Decode -> route tokens, keep prompts just prefilled in
 the prefix cache, release finished sequences -> the report. A step that preempted admits
-nothing new.
+nothing new. In steady decoding the decode is overlapped with the next one (see _chain).
 """
 
 from __future__ import annotations
@@ -128,10 +128,10 @@ class StepScheduler:
             self._inflight = (plan, (yield Launch(plan, samplers)))
             return (yield from self._chain(t0, admitted, t_compose))
         result: StepResult = yield Decode(plan, samplers)
-        return (yield from self._finish(plan, result, t0, t1_compose=t_compose, n_running=n_running,
+        return (yield from self._finish(plan, result, t0, t_compose=t_compose, n_running=n_running,
                                         admitted=admitted, victims=victims))
 
-    def _finish(self, plan: StepPlan, result: StepResult, t0: float, *, t1_compose: float, n_running: int,
+    def _finish(self, plan: StepPlan, result: StepResult, t0: float, *, t_compose: float, n_running: int,
                 admitted: Sequence[Request], victims: list[Request]) -> Effects:
         """Account a step's result: route its tokens, keep prompts, release what finished, report."""
         self.ledger = result.ledger
@@ -145,7 +145,7 @@ class StepScheduler:
             self.preempted_last = True
         t_step = time.perf_counter() - t0
         return self._report(n_running, plan, admitted, victims, finished, failed, outputs, result,
-                            t1_compose, time.perf_counter() - t1 + result.t_sample, t_step)
+                            t_compose, time.perf_counter() - t1 + result.t_sample, t_step)
 
     # -- overlapped decode steps ---------------------------------------------------------
     # In steady decoding (every running sequence decodes, nothing waits, nothing changed) the
@@ -184,7 +184,7 @@ class StepScheduler:
         self._inflight = (nxt, nticket) if nxt is not None else None
         if result.skipped:  # nothing ran, nothing changed
             return None
-        report = yield from self._finish(plan, result, t0, t1_compose=t_compose, n_running=len(self.running),
+        report = yield from self._finish(plan, result, t0, t_compose=t_compose, n_running=len(self.running),
                                          admitted=admitted, victims=[])
         if self._inflight is None:
             yield from self._release_deferred()
