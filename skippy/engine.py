@@ -257,8 +257,7 @@ class Policies:
 
 def build_policies(runtime: Runtime, cfg: EngineConfig, plan: LanePlan) -> Policies:
     scheduler = StepScheduler(runtime.n_batch, cfg.decode_reserve, runtime.ledger(), _prefix_cache(runtime, cfg, plan),
-                              budget=_token_budget(runtime.n_batch, cfg))
-    scheduler.overlap = bool(cfg.overlap_steps)
+                              budget=_token_budget(runtime.n_batch, cfg), overlap=bool(cfg.overlap_steps))
     return Policies(Admission(plan.ceiling, cfg.max_waiting, cfg.decode_reserve, cfg.priority_key),
                     Preemption(cfg.victim_policy, cfg.max_preemptions), scheduler)
 

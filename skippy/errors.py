@@ -94,6 +94,10 @@ class InvalidMaxTokensError(InvalidInputError):
     """max_tokens must be a positive integer."""
 
 
+class SchedulerInvariantError(SkippyError):
+    """The scheduler broke one of its own rules (a bug in Skippy, never the caller's input)."""
+
+
 class StepFailedError(SkippyError):
     """The step carrying this request failed; only that step's requests see it."""
 

@@ -144,6 +144,9 @@ async def test_cancelling_a_consumer_frees_its_cells_within_a_step_and_leaves_ot
     def on_step(report):
         reports.append(report)
         cells_after[report.step] = {s: len(c) for s, c in rt.seqs.items()}
+        victim_request = cancelled_at.get("request")
+        if victim_request is not None and victim_request.cancel_requested and "step" not in cancelled_at:
+            cancelled_at["step"] = report.step - 1  # the engine learnt of it during this step
 
     with trio.fail_after(10):
         async with open_fake_engine(rt, on_step=on_step) as engine:
@@ -154,7 +157,10 @@ async def test_cancelling_a_consumer_frees_its_cells_within_a_step_and_leaves_ot
                 with trio.CancelScope() as scope:
                     async for event in stream:
                         if event.index == 5:
-                            cancelled_at["step"] = engine.stats().steps
+                            # the cancel reaches the engine at this task's next checkpoint: with the
+                            # fake's microsecond decodes that can be a few steps on, so k is taken
+                            # from when the engine saw it (on_step), not from here
+                            cancelled_at["request"] = stream.request
                             cancelled_at["seq"] = stream.request.seq_id
                             scope.cancel()
                 results["victim"] = stream.request

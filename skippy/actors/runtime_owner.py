@@ -14,7 +14,7 @@ import numpy as np
 import trio
 from loguru import logger
 
-from ..errors import NoKvSlotError
+from ..errors import NoKvSlotError, SchedulerInvariantError
 from ..runtime import Runtime
 from ..scheduling.effects import Collect, Decode, FreeCells, Launch, ReadLedger, ShareCells, Shared, StepResult
 from ._mail import reply
@@ -57,7 +57,7 @@ class RuntimeOwner:
                 if not self._launched:
                     self._lock.release()
         if self._launched and self._lock.statistics().owner is trio.lowlevel.current_task():
-            raise RuntimeError(f"{type(what).__name__} asked while the asker's launched step is in flight")
+            raise SchedulerInvariantError(f"{type(what).__name__} asked while the asker's launched step is in flight")
         await self._acquire()
         try:
             if isinstance(what, Decode):

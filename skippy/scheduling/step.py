@@ -44,7 +44,7 @@ class StepScheduler:
     """The running set, the prefix cache and the ledger as the last answer left it."""
 
     def __init__(self, n_batch: int, decode_reserve: int, ledger: Ledger, prefix: PrefixCache | None = None,
-                 totals: Totals | None = None, budget: TokenBudget | None = None) -> None:
+                 totals: Totals | None = None, budget: TokenBudget | None = None, overlap: bool = True) -> None:
         self.composer = Composer(n_batch, budget)
         self.decode_reserve = decode_reserve
         self.ledger = ledger
@@ -54,7 +54,7 @@ class StepScheduler:
         self.preempted_last = False
         self.step_no = 0
         self._busy_since: tuple[float, float] | None = None  # (start, decode seconds) of the last step that ran
-        self.overlap = True  # chain steady decode steps (see _chain)
+        self.overlap = overlap  # chain steady decode steps (see _chain)
         self._woken = True
         self._inflight: tuple[StepPlan, Any] | None = None  # a launched step not yet collected
         self._deferred: list[Request] = []  # finished while a step that holds them was in flight
