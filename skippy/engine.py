@@ -348,6 +348,7 @@ class Engine:
         submit_tx, submit_rx = trio.open_memory_channel(1)
         self._live[rid] = (request, submit_tx)
         self._admission.submit(request, submit_tx)
+        self._composer.unpark()
         return GenerationStream(self, request, events_rx, submit_rx)
 
     @property
@@ -381,6 +382,14 @@ class Engine:
     def live(self) -> int:
         """Requests generated and not yet finished (queued or running): a load figure."""
         return len(self._live)
+
+    async def settled(self) -> None:
+        """Wait until the engine has nothing to do: a stream's final event can reach its reader
+        a step before that request's cells and lane are given back (the step that still holds
+        it may be in flight); once settled, only resident prefixes hold memory."""
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while not self._composer.parked.is_set():
+            await self._composer.parked.wait()
 
     def stats(self) -> EngineStats:
         """Computed from the scheduler's state now (between steps: cells a cancel freed show at once)."""

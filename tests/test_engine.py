@@ -89,6 +89,28 @@ async def test_end_of_generation_token_stops():
     assert events[-1].finish_reason == "stop"
 
 
+async def test_settled_waits_for_the_release_of_a_request_a_chained_step_still_held():
+    """With overlapped steps a stream that ends on end-of-generation has its final event before its
+    lane is given back; settled() returns once nothing is queued, running or held."""
+    rt = FakeRuntime(n_ctx=256, n_batch=16, n_seq_max=2, eog_every=5)
+    p = next(p for p in (prompt(i) for i in range(100)) if 5 < len(rt.solo(p, 30)) < 30)
+    gate = threading.Event()
+    with trio.fail_after(10):
+        async with open_fake_engine(rt) as engine:
+            await engine.settled()  # an engine with nothing to do is settled
+            stream = engine.generate(p, max_tokens=30)
+            rt.on_decode = gate.wait  # the engine cannot finish anything until the gate opens
+            with trio.move_on_after(0.05) as waited:
+                await engine.settled()  # submitted: not settled, even before the composer woke to see it
+            assert waited.cancelled_caught
+            gate.set()
+            events = await collect(stream)
+            await engine.settled()
+            assert engine.stats().running == 0
+            assert rt.ledger().get(skippy.kv.ComponentKind.ATTN).used == 0
+    assert events[-1].finish_reason == "stop"
+
+
 async def test_validation_errors_are_named():
     rt = FakeRuntime(n_ctx=64, n_batch=16, n_seq_max=2)
     with trio.fail_after(10):

@@ -40,6 +40,7 @@ class ComposerActor:
         self.admission = admission
         self.preemption = preemption
         self.on_step = on_step
+        self.parked = trio.Event()  # set while waiting for work with nothing queued, running or held
 
     async def run(self) -> None:
         async with self.inbox:
@@ -50,6 +51,11 @@ class ComposerActor:
                     await trio.lowlevel.checkpoint()
                 elif self.on_step is not None:
                     self.on_step(report)
+
+    def unpark(self) -> None:
+        """Work arrived: not parked any more, even before this actor runs to see it."""
+        if self.parked.is_set():
+            self.parked = trio.Event()
 
     def _drain(self) -> bool:
         woken = False
@@ -75,8 +81,11 @@ class ComposerActor:
                 deliver(e.request.sink, e.event)
             return None
         if isinstance(effect, Idle):  # wait for a submission or cancellation, or poll
+            if effect.poll is None:
+                self.parked.set()
             with trio.move_on_after(math.inf if effect.poll is None else effect.poll):
                 await self.inbox.receive()
+            self.unpark()
             return await self.runtime.ask(ReadLedger())
         if isinstance(effect, (Admit, ReturnLanes)):
             return self.admission.ask(effect)

@@ -39,8 +39,9 @@ async def run_all(engine, specs):
     return out
 
 
-def assert_only_resident_prefixes_hold_memory(engine):
-    """No lane keeps a cell once its request is over; what stays is the prefix cache's."""
+async def assert_only_resident_prefixes_hold_memory(engine):
+    """No lane keeps a cell once its request is over and the engine settled; what stays is the prefix cache's."""
+    await engine.settled()
     ctx = engine.runtime.ctx
     assert [s for s in range(engine.lanes.ceiling) if ctx.seq_pos_max(s) != -1] == []
     assert engine.runtime.ledger().get(ComponentKind.ATTN).used <= engine.stats().prefix_resident_tokens
@@ -54,7 +55,7 @@ async def test_concurrent_requests_on_every_family(family, synth_model_path):
             results = await run_all(engine, specs)
             stats = engine.stats()
             ledger = engine.runtime.ledger()
-            assert_only_resident_prefixes_hold_memory(engine)
+            await assert_only_resident_prefixes_hold_memory(engine)
     for (p, _), events in zip(specs, results):
         assert events[-1].finish_reason in ("length", "stop")
         assert events[-1].usage.prompt_tokens == len(p)
@@ -112,7 +113,7 @@ async def test_preemption_and_cancellation_on_real_memory(synth_model_path):
             steps = engine.stats().steps
             await run_all(engine, [(prompt(10, 4), {"max_tokens": 3})])  # a couple more steps
             assert engine.stats().steps >= steps + 2
-            assert_only_resident_prefixes_hold_memory(engine)
+            await assert_only_resident_prefixes_hold_memory(engine)
     assert all(r.kv_used[ComponentKind.ATTN] <= 256 for r in reports)
 
 

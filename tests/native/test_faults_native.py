@@ -42,14 +42,11 @@ def lanes_idle(engine) -> bool:
 
 
 async def becomes_idle(engine, timeout: float = 5.0) -> bool:
-    """The last final event reaches its consumer just before the composer releases that sequence:
-    wait for the engine to be quiet (nothing running or waiting), then for the lanes to be free."""
+    """The last final event can reach its consumer a step before the composer releases that
+    sequence: wait for the engine to settle, then look at the lanes."""
     with trio.move_on_after(timeout):
-        while engine.stats().running or engine.stats().waiting:
-            await trio.sleep(0.005)
-        while not lanes_idle(engine):
-            await trio.sleep(0.005)
-        return True
+        await engine.settled()
+        return lanes_idle(engine)
     return False
 
 
