@@ -4,7 +4,8 @@ One sizing for every context skippy opens: the engine (`open_engine`, through
 `engine.plan_engine`), a pipeline's stage 0 (the same `plan_engine`, capped by what the
 stages below hold and divided among its groups) and a later stage (`StageRuntime`) all call
 `size_context`, and `skippy plan` prints what it returns. The sizing itself is pure
-(scheduling.lanes); this module only measures, caps and divides.
+(scheduling.lanes); this module only probes (the KV class of the memory llama.cpp builds and
+what each component costs, on a one-lane context), caps and divides.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from typing import Any, Mapping
 import attrs
 
 from .errors import InvalidInputError
-from .families import kv_class
-from .kv import ComponentKind
+from .families import KvClass, check_memory_type, derive_class
+from .kv import ComponentKind, Ledger
 from .native import Context, ContextOptions, Model
 from .scheduling.lanes import LanePlan, MemoryCosts, PlanError, plan_lanes
 
@@ -36,12 +37,34 @@ def context_base(n_batch: int, threads: int | None, batch_invariant: bool) -> di
                 batch_invariant=batch_invariant)
 
 
-def measure_costs(model: Model, options: Mapping[str, Any]) -> MemoryCosts:
-    """Bytes per attention cell, per sliding-window cell and per recurrent state, on a one-lane probe context."""
+@attrs.frozen
+class MemoryProbe:
+    """What a one-lane probe context says about the memory llama.cpp builds for a model."""
+
+    kv_class: KvClass  # derived from the ledger's components, not from the architecture's name
+    memory_type: str  # llama.cpp's C++ memory type ("" where it cannot be read)
+    costs: MemoryCosts
+
+
+def probe_memory(model: Model, options: Mapping[str, Any]) -> MemoryProbe:
+    """Open a one-lane probe context (256 cells) with these options: the KV class of the memory
+    llama.cpp builds and what each component costs. UnsupportedMemoryError (a ModelLoadError)
+    when skippy cannot count that memory: refused here, before any real context is opened."""
     probe = ContextOptions(**{**options, "n_ctx": 256, "n_seq_max": 1})
     with Context(model, probe) as ctx:
+        memory_type = ctx.memory_type()
+        check_memory_type(memory_type, model.arch)
         ledger = ctx.ledger()
+    kv = derive_class(ledger, arch=model.arch, memory_type=memory_type)
+    return MemoryProbe(kv, memory_type, _costs(model, options, ledger))
 
+
+def measure_costs(model: Model, options: Mapping[str, Any]) -> MemoryCosts:
+    """Bytes per attention cell, per sliding-window cell and per recurrent state, on a one-lane probe context."""
+    return probe_memory(model, options).costs
+
+
+def _costs(model: Model, options: Mapping[str, Any], ledger: Ledger) -> MemoryCosts:
     def per_unit(kind: ComponentKind) -> float:
         c = ledger.get(kind)
         return c.bytes / c.size if c is not None and c.size else 0.0
@@ -115,7 +138,13 @@ def plan_for(
     one is re-planned at the cap, within the same budget) and its ceiling at most lanes_cap / split."""
     if not isinstance(split, int) or split < 1:
         raise InvalidInputError(f"split must be an integer >= 1, got {split!r}")
-    kv = kv_class(model.arch)
+    probe = probe_memory(model, options)
+    kv = probe.kv_class
+    if not kv.attention:
+        # recurrent only: no cell pool to derive from a budget or to divide among sessions; n_ctx
+        # only bounds a sequence's positions, and the states the budget holds bound the lanes
+        n_ctx = DEFAULT_N_CTX if n_ctx is None else n_ctx
+        floor_ctx_per_session = 1
     memory = memory_bytes // split if memory_bytes is not None else None
     pool = n_ctx if n_ctx is None or cells_cap is None else min(n_ctx, cells_cap)
     cap_cells = cells_cap // split if cells_cap is not None else None
@@ -127,7 +156,7 @@ def plan_for(
     for what, value in (("cells", pool), ("lanes", requested), ("cells_cap", cap_cells), ("lanes_cap", cap_lanes)):
         if value is not None and value < 1:
             raise PlanError(f"{split} context(s) of {what} {value}: nothing fits")
-    costs = measure_costs(model, options) if measure or kv.recurrent or memory is not None else None
+    costs = probe.costs if measure or kv.recurrent or memory is not None else None
 
     def plan(cells: int | None, lanes: int | None) -> LanePlan:
         return plan_lanes(kv, cells, options["n_batch"], requested=lanes, reserved=reserved,

@@ -34,6 +34,20 @@ class ModelFetchError(SkippyError):
     """A model could not be fetched or failed its checksum."""
 
 
+class UnsupportedMemoryError(ModelLoadError):
+    """llama.cpp builds a memory for this model that skippy cannot count (no KV memory at all, or a
+    type the KV ledger does not describe); refused at load. `memory_type` is llama.cpp's C++ type."""
+
+    def __init__(self, memory_type: str, arch: str, why: str) -> None:
+        super().__init__(f"architecture {arch!r}: unsupported memory type {memory_type!r}: {why}")
+        self.memory_type = memory_type
+        self.arch = arch
+
+
+class UnknownFamilyError(ModelLoadError, ValueError):
+    """A synthetic model family that skippy.models.synth cannot write."""
+
+
 class ClosedError(SkippyError):
     """A model or context was used after close()."""
 

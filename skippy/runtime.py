@@ -15,7 +15,7 @@ from typing import Protocol, Sequence
 import attrs
 import numpy as np
 
-from .families import KvClass, kv_class
+from .families import KvClass, derive_class
 from .kv import Ledger
 from .native import Batch, Context, ContextOptions, Model
 from .native._source import sha256_file
@@ -96,13 +96,17 @@ class ContextRuntime:
         self.model = model
         self._own_model = own_model
         self.ctx = Context(model, options)
+        try:  # the class of the memory llama.cpp built, whatever the architecture's name
+            self.kv_class = derive_class(self.ctx.ledger(), arch=model.arch, memory_type=self.ctx.memory_type())
+        except BaseException:
+            self.ctx.close()
+            raise
         self.arch = model.arch
         self.n_ctx, self.n_batch, self.n_seq_max, self.n_vocab = (
             self.ctx.n_ctx, self.ctx.n_batch, self.ctx.n_seq_max, self.ctx.n_vocab,
         )
         self._batch = Batch(self.n_batch)
         self._tok = model.tokenizer
-        self.kv_class = kv_class(model.arch)
         self.share_exact = self.kv_class.recurrent or self.kv_class is KvClass.ISWA
         settings = {k: v for k, v in attrs.asdict(options).items() if k not in _NOT_IN_IDENTITY}
         self.prefix_identity = identity_seed(file_digest(model.path), model.arch, settings)

@@ -13,7 +13,7 @@ from ._fetch import DEFAULT_MODEL, REAL_MODELS, real_model
 def synthetic_model(family: str, seed: int = 0, deep: bool = False) -> Path:
     """The tiny model of a family, written once per (family, seed, depth, generator version).
     `deep`: enough layers to split into three stages."""
-    if family not in synth.FAMILIES:
+    if family not in synth.FAMILIES + synth.REFUSED_FAMILIES:
         raise ModelLoadError(f"unknown family {family!r}; known: {', '.join(synth.FAMILIES)}")
     depth = "-deep" if deep else ""
     path = cache_root() / "models" / "synth" / f"{family}{depth}-s{seed}-v{synth.GENERATOR_VERSION}.gguf"

@@ -4,7 +4,10 @@ Why: tests of the KV/memory code paths need real model files that the pinned lla
 loads *and decodes*, covering each memory layout it implements -- dense GQA cache
 (``llama``), sliding-window ISWA cache (``gemma2``), MLA K-only cache (``deepseek2``),
 Mamba2 + attention hybrid (``falcon-h1``) and gated-delta-net + attention hybrid
-(``qwen3next``) -- without downloading real checkpoints. Each file is at most a few MB,
+(``qwen3next``), recurrent-only Mamba2 (``mamba2``) -- and the weight layouts popular
+architectures add on top: Q/K/V biases (``qwen2``), Q/K norms (``qwen3``), routed experts
+(``qwen3moe``), fused QKV and gate+up projections (``phi3``); plus one file skippy must refuse
+(``llada``: llama.cpp builds no KV memory for it) -- without downloading real checkpoints. Each file is at most a few MB,
 writes and loads in milliseconds, and is byte-identical for the same
 (family, seed, GENERATOR_VERSION) under the same numpy.
 
@@ -28,7 +31,12 @@ from collections.abc import Callable
 import gguf
 import numpy as np
 
-FAMILIES: tuple[str, ...] = ("llama", "gemma2", "deepseek2", "falcon-h1", "qwen3next")
+from ..errors import InvalidInputError, UnknownFamilyError
+
+FAMILIES: tuple[str, ...] = (
+    "llama", "gemma2", "deepseek2", "falcon-h1", "qwen3next",  # one per KV class of the original five
+    "qwen2", "qwen3", "qwen3moe", "phi3", "mamba2",  # more architectures: biases, q/k norms, MoE, fused, recurrent-only
+)
 GENERATOR_VERSION: int = 1  # bump when output bytes change
 
 N_VOCAB = 512
@@ -130,10 +138,13 @@ def _common(
     value_length: int = HEAD_DIM,
     n_rot: int = HEAD_DIM,
     tied: bool = False,
+    attention: bool = True,
+    name: str | None = None,
 ) -> None:
-    """Vocab, the hparams every family reads, embeddings and the output head."""
+    """Vocab, the hparams every family reads, embeddings and the output head.
+    `attention=False` (a recurrent-only model) writes no attention or rope keys."""
     w = m.writer
-    w.add_name(f"skippy-synth-{m.arch}")
+    w.add_name(name or f"skippy-synth-{m.arch}")
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     tokens, scores, types = _vocab()
     w.add_tokenizer_model("llama")
@@ -146,7 +157,7 @@ def _common(
     w.add_add_bos_token(True)
     w.add_add_eos_token(False)
 
-    m.hparams({
+    keys = {
         "context_length": N_CTX_TRAIN,
         "embedding_length": N_EMBD,
         "block_count": n_layer,
@@ -158,7 +169,9 @@ def _common(
         "attention.layer_norm_rms_epsilon": RMS_EPS,
         "rope.dimension_count": n_rot,
         "rope.freq_base": 10000.0,
-    })
+    }
+    general = ("context_length", "embedding_length", "block_count", "attention.layer_norm_rms_epsilon")
+    m.hparams({k: v for k, v in keys.items() if attention or k in general})
 
     m.normal("token_embd.weight", N_EMBD, N_VOCAB, std=EMBD_STD)
     m.norm("output_norm.weight", N_EMBD)
@@ -166,13 +179,19 @@ def _common(
         m.normal("output.weight", N_EMBD, N_VOCAB)
 
 
-def _attention(m: _Model, i: int, *, q_width: int = N_HEAD * HEAD_DIM) -> None:
-    """Separate Q/K/V/O projections of a GQA block (create_tensor_qkv + wo)."""
+def _attention(m: _Model, i: int, *, q_width: int = N_HEAD * HEAD_DIM, n_head: int = N_HEAD,
+               n_head_kv: int = N_HEAD_KV, bias: bool = False) -> None:
+    """Separate Q/K/V/O projections of a GQA block (create_tensor_qkv + wo); `bias`: Q/K/V biases."""
     p = f"blk.{i}."
+    kv_width = n_head_kv * HEAD_DIM
     m.normal(p + "attn_q.weight", N_EMBD, q_width)
-    m.normal(p + "attn_k.weight", N_EMBD, N_HEAD_KV * HEAD_DIM)
-    m.normal(p + "attn_v.weight", N_EMBD, N_HEAD_KV * HEAD_DIM)
-    m.normal(p + "attn_output.weight", N_HEAD * HEAD_DIM, N_EMBD)
+    m.normal(p + "attn_k.weight", N_EMBD, kv_width)
+    m.normal(p + "attn_v.weight", N_EMBD, kv_width)
+    if bias:
+        m.normal(p + "attn_q.bias", q_width)
+        m.normal(p + "attn_k.bias", kv_width)
+        m.normal(p + "attn_v.bias", kv_width)
+    m.normal(p + "attn_output.weight", n_head * HEAD_DIM, N_EMBD)
 
 
 def _swiglu_ffn(m: _Model, i: int, n_ff: int = N_FF, suffix: str = "") -> None:
@@ -321,31 +340,126 @@ def _build_qwen3next(m: _Model) -> None:
         _swiglu_ffn(m, i, n_ff_shexp, suffix="_shexp")
 
 
+def _build_qwen2(m: _Model) -> None:
+    """Dense GQA with Q/K/V biases; Q is n_embd wide, so 2 query heads of 64 over 1 KV head."""
+    n_layer, n_head = m.n_layer, N_EMBD // HEAD_DIM
+    _common(m, n_layer=n_layer, n_head=n_head, n_head_kv=1)
+    for i in range(n_layer):
+        m.norm(f"blk.{i}.attn_norm.weight", N_EMBD)
+        _attention(m, i, q_width=N_EMBD, n_head=n_head, n_head_kv=1, bias=True)
+        m.norm(f"blk.{i}.ffn_norm.weight", N_EMBD)
+        _swiglu_ffn(m, i)
+
+
+def _qk_norm_attention(m: _Model, i: int) -> None:
+    """Qwen3's attention: GQA with per-head RMS norms on Q and K."""
+    p = f"blk.{i}."
+    m.norm(p + "attn_norm.weight", N_EMBD)
+    _attention(m, i)
+    m.norm(p + "attn_q_norm.weight", HEAD_DIM)
+    m.norm(p + "attn_k_norm.weight", HEAD_DIM)
+    m.norm(p + "ffn_norm.weight", N_EMBD)
+
+
+def _build_qwen3(m: _Model) -> None:
+    """Dense GQA with Q/K norms (Q wider than n_embd: 4 heads of 64 over a 128 embedding)."""
+    _common(m, n_layer=m.n_layer)
+    for i in range(m.n_layer):
+        _qk_norm_attention(m, i)
+        _swiglu_ffn(m, i)
+
+
+def _build_qwen3moe(m: _Model) -> None:
+    """Qwen3 attention + a routed MoE FFN (4 experts, 2 used, no shared expert)."""
+    n_expert, n_ff_exp = 4, 64
+    _common(m, n_layer=m.n_layer)
+    m.hparams({"expert_count": n_expert, "expert_used_count": 2, "expert_feed_forward_length": n_ff_exp})
+    for i in range(m.n_layer):
+        p = f"blk.{i}."
+        _qk_norm_attention(m, i)
+        m.normal(p + "ffn_gate_inp.weight", N_EMBD, n_expert)
+        m.normal(p + "ffn_gate_exps.weight", N_EMBD, n_ff_exp, n_expert)
+        m.normal(p + "ffn_up_exps.weight", N_EMBD, n_ff_exp, n_expert)
+        m.normal(p + "ffn_down_exps.weight", n_ff_exp, N_EMBD, n_expert)
+
+
+def _build_phi3(m: _Model) -> None:
+    """Fused projections: one attn_qkv matrix (MHA, 2 heads of 64) and one ffn_up holding gate and up."""
+    n_layer, n_head = m.n_layer, N_EMBD // HEAD_DIM
+    # a general.name containing "phi3" makes llama.cpp's vocab loader look up "<|endoftext|>",
+    # which this vocab lacks (the load fails): the name must not say phi3
+    _common(m, n_layer=n_layer, n_head=n_head, n_head_kv=n_head, name="skippy-synth-fused-qkv")
+    for i in range(n_layer):
+        p = f"blk.{i}."
+        m.norm(p + "attn_norm.weight", N_EMBD)
+        m.normal(p + "attn_qkv.weight", N_EMBD, 3 * N_EMBD)
+        m.normal(p + "attn_output.weight", N_EMBD, N_EMBD)
+        m.norm(p + "ffn_norm.weight", N_EMBD)
+        m.normal(p + "ffn_up.weight", N_EMBD, 2 * N_FF)
+        m.normal(p + "ffn_down.weight", N_FF, N_EMBD)
+
+
+def _build_mamba2(m: _Model) -> None:
+    """Recurrent only: every layer a Mamba2 mixer, no attention and no KV cache at all."""
+    d_conv, d_inner, d_state, n_ssm_head, n_group = 4, 128, 128, 8, 1
+    conv_dim = d_inner + 2 * n_group * d_state
+    _common(m, n_layer=m.n_layer, attention=False)
+    m.hparams({
+        "ssm.conv_kernel": d_conv,
+        "ssm.inner_size": d_inner,
+        "ssm.state_size": d_state,
+        "ssm.time_step_rank": n_ssm_head,
+        "ssm.group_count": n_group,
+    })
+    for i in range(m.n_layer):
+        p = f"blk.{i}."
+        m.norm(p + "attn_norm.weight", N_EMBD)
+        m.normal(p + "ssm_in.weight", N_EMBD, d_inner + conv_dim + n_ssm_head)  # z | xBC | dt
+        m.normal(p + "ssm_conv1d.weight", d_conv, conv_dim)
+        m.normal(p + "ssm_conv1d.bias", conv_dim)
+        m.normal(p + "ssm_dt.bias", n_ssm_head)
+        m.negative(p + "ssm_a", 1, n_ssm_head)
+        m.norm(p + "ssm_d", 1, n_ssm_head)
+        m.norm(p + "ssm_norm.weight", d_inner // n_group, n_group)
+        m.normal(p + "ssm_out.weight", d_inner, N_EMBD)
+
+
 _BUILDERS: dict[str, Callable[[_Model], None]] = {
     "llama": _build_llama,
     "gemma2": _build_gemma2,
     "deepseek2": _build_deepseek2,
     "falcon-h1": _build_falcon_h1,
     "qwen3next": _build_qwen3next,
+    "qwen2": _build_qwen2,
+    "qwen3": _build_qwen3,
+    "qwen3moe": _build_qwen3moe,
+    "phi3": _build_phi3,
+    "mamba2": _build_mamba2,
 }
 assert tuple(_BUILDERS) == FAMILIES
 
+# Files llama.cpp loads and skippy refuses, for the tests of that refusal: LLaDA is a diffusion
+# model with llama's tensors, for which llama.cpp builds no KV memory at all.
+REFUSED_FAMILIES: tuple[str, ...] = ("llada",)
+_BUILDERS["llada"] = _build_llama
+
 
 # layers of each family's model; `deep` variants have enough layers to split into 3 stages
-N_LAYER: dict[str, int] = {"llama": 2, "gemma2": 2, "deepseek2": 2, "falcon-h1": 2, "qwen3next": 4}
-N_LAYER_DEEP: dict[str, int] = {"llama": 6, "gemma2": 6, "deepseek2": 6, "falcon-h1": 6, "qwen3next": 8}
+N_LAYER: dict[str, int] = {"llama": 2, "gemma2": 2, "deepseek2": 2, "falcon-h1": 2, "qwen3next": 4,
+                           "qwen2": 2, "qwen3": 2, "qwen3moe": 2, "phi3": 2, "mamba2": 2, "llada": 2}
+N_LAYER_DEEP: dict[str, int] = {**{f: 6 for f in N_LAYER}, "qwen3next": 8}
 
 
 def write_synthetic(family: str, path: os.PathLike[str] | str, seed: int = 0, deep: bool = False) -> pathlib.Path:
     """Write the tiny model for `family` to `path` (atomically: temp file + os.replace).
 
     Same (family, seed, deep, GENERATOR_VERSION) -> byte-identical file. Unknown family ->
-    ValueError naming the valid ones.
+    UnknownFamilyError (a ValueError) naming the valid ones.
     """
     if family not in _BUILDERS:
-        raise ValueError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
+        raise UnknownFamilyError(f"unknown family {family!r}; valid families: {', '.join(FAMILIES)}")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
-        raise ValueError(f"seed must be a non-negative int, got {seed!r}")
+        raise InvalidInputError(f"seed must be a non-negative int, got {seed!r}")
 
     out = pathlib.Path(path)
     model = _Model(family, seed, (N_LAYER_DEEP if deep else N_LAYER)[family])

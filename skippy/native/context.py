@@ -22,6 +22,7 @@ from ..errors import (
     InvalidInputError,
     NoKvSlotError,
     StateError,
+    UnsupportedMemoryError,
 )
 from ..kv import ComponentKind, Ledger, MemoryComponent
 from .batch import Batch
@@ -259,11 +260,37 @@ class Context:
         buf = self._ledger_buf
         n = int(self._lib.llama_memory_ledger(self._memory(), buf, len(buf)))
         if n < 0:
-            raise ContextError(f"this model's memory type ({self.model.arch}) has no ledger")
-        return Ledger(tuple(
-            MemoryComponent(ComponentKind(buf[i].kind), int(buf[i].size), int(buf[i].used), int(buf[i].bytes))
-            for i in range(min(n, len(buf)))
-        ))
+            from ..families import check_memory_type
+
+            memory_type = self.memory_type()
+            check_memory_type(memory_type, self.model.arch)  # names why, for "none"
+            raise UnsupportedMemoryError(memory_type or "unknown", self.model.arch,
+                                         "the KV ledger cannot describe this memory type")
+        try:  # called every step: no check beyond what building the ledger does
+            return Ledger(tuple(
+                MemoryComponent(ComponentKind(buf[i].kind), int(buf[i].size), int(buf[i].used), int(buf[i].bytes))
+                for i in range(min(n, len(buf)))
+            ))
+        except ValueError as exc:  # a component kind this skippy does not know
+            raise UnsupportedMemoryError(self.memory_type() or "unknown", self.model.arch,
+                                         f"the KV ledger reports an unknown component ({exc})") from None
+
+    def memory_type(self) -> str:
+        """The C++ class of the memory llama.cpp built for this context ("llama_kv_cache", ...), "none"
+        if it built none, "" where it cannot be read. Why: the ledger's dynamic_casts also accept a
+        subclass it under-reports, so the type itself says whether the ledger is complete. Read from
+        the object's RTTI under the Itanium C++ ABI (GCC and Clang on Linux and macOS): the word
+        before the vtable points to the type_info, whose second word is the mangled name."""
+        mem = self._memory()
+        if mem == self._ffi.NULL:
+            return "none"
+        if os.name != "posix":
+            return ""
+        vtable = self._ffi.cast("void ***", mem)[0]
+        type_info = self._ffi.cast("char **", vtable[-1])
+        mangled = self._ffi.string(type_info[1]).decode("ascii", "replace").lstrip("*")
+        name = mangled.lstrip("0123456789")  # <length><identifier> for a class at namespace scope
+        return name if mangled[: len(mangled) - len(name)] == str(len(name)) else mangled
 
     # -- per-sequence state (recurrent snapshots) -----------------------------
 

@@ -51,7 +51,15 @@ def test_synth_writes_a_model(tmp_path):
     assert out.read_bytes()[:4] == b"GGUF"
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma2", "deepseek2", "falcon-h1", "qwen3next"])
+def test_the_family_help_names_every_synthetic_family():
+    from skippy.cli import SYNTH_FAMILIES
+    from skippy.models.synth import FAMILIES
+
+    assert SYNTH_FAMILIES.split(", ") == list(FAMILIES)
+
+
+@pytest.mark.parametrize("family", ["llama", "gemma2", "deepseek2", "falcon-h1", "qwen3next",
+                                    "qwen2", "qwen3", "qwen3moe", "phi3", "mamba2"])
 def test_plan_prints_the_plan_the_engine_uses(native_build, family):
     import json
 
@@ -68,9 +76,11 @@ def test_plan_prints_the_plan_the_engine_uses(native_build, family):
     assert plan["total_bytes"] <= 6 * 2**20 and plan["ceiling"] >= 1
     assert plan["n_seq_max"] == plan["ceiling"] + plan["reserved_seq_ids"] <= 256
     assert set(plan["bytes"]) == {c.name.lower() for c in kv_class(plan["arch"]).components}
+    assert plan["kv_class"] == kv_class(plan["arch"]).value  # derived from the ledger; the table cross-checks
 
     async def engine_plan():
         async with skippy.open_engine(synthetic_model(family), memory_bytes=6 * 2**20, threads=1) as engine:
+            assert engine.runtime.kv_class.value == plan["kv_class"]
             return engine.runtime.n_ctx, engine.lanes.ceiling, engine.runtime.ledger()
 
     n_ctx, ceiling, ledger = trio.run(engine_plan)
