@@ -58,6 +58,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from ._generate import generate_tokens
+    from .families import derive_class
     from .native import Context, ContextOptions, Model, ensure_built
     from .sampling import Sampler, SamplingParams
     from .scheduling.text import TextAssembler
@@ -70,6 +71,7 @@ def _generate(args: argparse.Namespace) -> int:
         n_ctx = min(max(model.n_ctx_train, 256), max(512, len(prompt) + args.max_tokens))
         opts = ContextOptions(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_seq_max=1, threads=args.threads)
         with Context(model, opts) as ctx:
+            derive_class(ctx.ledger(), arch=model.arch, memory_type=ctx.memory_type())  # a memory it can decode with
             text = TextAssembler(())
             sys.stdout.write(args.prompt)
             for token in generate_tokens(ctx, prompt, args.max_tokens, sampler):
@@ -148,6 +150,7 @@ def _add_sizing_options(parser: argparse.ArgumentParser) -> None:
 def _plan(args: argparse.Namespace) -> int:
     import json
 
+    from ._plan import context_base, probe_memory
     from .engine import EngineConfig, plan_engine
     from .native import Model
 
@@ -155,15 +158,15 @@ def _plan(args: argparse.Namespace) -> int:
     cfg = EngineConfig(**_sizing_config(args), **_prefix_config(args), n_batch=args.n_batch, threads=1)
     with Model(path, repack=False) as model:
         plan, _ = plan_engine(model, cfg)
+        memory = probe_memory(model, context_base(cfg.n_batch, cfg.threads, cfg.batch_invariant))
         arch = model.arch
-    from .families import kv_class
 
     out = {
-        "model": path.name, "arch": arch, "kv_class": kv_class(arch).value, "n_ctx": plan.n_ctx,
-        "ceiling": plan.ceiling, "n_seq_max": plan.n_seq_max, "reserved_seq_ids": plan.reserved,
+        "model": path.name, "arch": arch, "kv_class": memory.kv_class.value, "memory_type": memory.memory_type,
+        "n_ctx": plan.n_ctx, "ceiling": plan.ceiling, "n_seq_max": plan.n_seq_max, "reserved_seq_ids": plan.reserved,
         "prefix_budget_tokens": plan.prefix_budget_tokens, "floor_ctx_per_session": cfg.floor_ctx_per_session,
-        "bytes": {k.name.lower(): v for k, v in plan.bytes.items()}, "total_bytes": plan.total_bytes,
-        "memory_bytes": plan.memory_bytes, "limited_by": plan.reason,
+        "bytes": {k.name.lower(): v for k, v in plan.bytes.items() if k in memory.kv_class.components},
+        "total_bytes": plan.total_bytes, "memory_bytes": plan.memory_bytes, "limited_by": plan.reason,
     }
     if args.json:
         print(json.dumps(out))
@@ -215,6 +218,17 @@ def _alias(args: argparse.Namespace) -> str | None:
     return args.model if args.model in REAL_MODELS else (args.family or (DEFAULT_MODEL if args.model is None else None))
 
 
+def _api_keys(args: argparse.Namespace) -> list[str]:
+    """--api-key (repeatable), else $SKIPPY_API_KEY (keeps the key out of the process list), else none."""
+    import os
+
+    env = os.environ.get("SKIPPY_API_KEY", "")
+    keys = args.api_key or ([env] if env else [])
+    if any(not k for k in keys):
+        raise SkippyError("--api-key must not be empty")
+    return keys
+
+
 def _serve_engine(args: argparse.Namespace, opener, host: str, port: int) -> int:
     """Serve the OpenAI API over the engine `opener()` opens, until SIGINT/SIGTERM."""
     import trio
@@ -223,8 +237,9 @@ def _serve_engine(args: argparse.Namespace, opener, host: str, port: int) -> int
 
     async def main() -> None:
         async with opener() as engine:
-            names = ([args.served_model_name] if args.served_model_name else []) + default_model_names(engine, [_alias(args)])
-            app = create_app(engine, model_names=names)
+            names = ([args.served_model_name] if args.served_model_name else []) + default_model_names(
+                engine, [_alias(args), *args.alias])
+            app = create_app(engine, model_names=names, api_keys=_api_keys(args))
             async with trio.open_nursery() as nursery:
                 binds = await nursery.start(lambda task_status: serve_app(
                     app, host, port, shutdown_trigger=wait_for_signal, deadline=args.shutdown_deadline,
@@ -321,15 +336,24 @@ def _pipeline(args: argparse.Namespace) -> int:
             stage.stop()
 
 
+# skippy.models.synth.FAMILIES, spelled out: importing it (gguf, numpy) would slow every command
+SYNTH_FAMILIES = "llama, gemma2, deepseek2, falcon-h1, qwen3next, qwen2, qwen3, qwen3moe, phi3, mamba2"
+
+
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
-    where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    where.add_argument("--family", help=f"a tiny synthetic model: {SYNTH_FAMILIES}")
 
 
 def _add_server_options(parser: argparse.ArgumentParser, who: str = "") -> None:
     parser.add_argument("--served-model-name", default=None,
                         help=f"{who}the model id clients use (default: the file name)")
+    parser.add_argument("--alias", action="append", default=[],
+                        help=f"{who}another name the model answers to in 'model' (repeatable; listed in /v1/models)")
+    parser.add_argument("--api-key", action="append", default=None,
+                        help=f"{who}require 'Authorization: Bearer KEY' on every route but /health and /metrics "
+                             "(repeatable; default: $SKIPPY_API_KEY, else no auth)")
     parser.add_argument("--max-waiting", type=int, default=256, help=f"{who}waiting-queue bound; past it: HTTP 429")
     parser.add_argument("--shutdown-deadline", type=float, default=30.0,
                         help=f"{who}seconds in-flight requests may take to finish after SIGINT/SIGTERM")
@@ -358,8 +382,8 @@ def _parser() -> argparse.ArgumentParser:
     build.set_defaults(func=_build)
 
     models = sub.add_parser("models", help="model files").add_subparsers(dest="models_command", required=True)
-    synth_p = models.add_parser("synth", help="write a tiny synthetic model of a KV family")
-    synth_p.add_argument("family")
+    synth_p = models.add_parser("synth", help="write a tiny synthetic model of an architecture")
+    synth_p.add_argument("family", help=SYNTH_FAMILIES)
     synth_p.add_argument("--seed", type=int, default=0)
     synth_p.add_argument("--out", type=Path)
     synth_p.set_defaults(func=_synth)
@@ -434,6 +458,21 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _expected(exc: BaseException) -> list[BaseException] | None:
+    """The failures a user can act on inside `exc` (a trio nursery wraps them in exception
+    groups): every leaf a SkippyError or an OSError (a file, a port). None if any leaf is not:
+    that is a bug in skippy, and its traceback is worth seeing."""
+    if isinstance(exc, BaseExceptionGroup):
+        leaves = [_expected(e) for e in exc.exceptions]
+        return None if any(leaf is None for leaf in leaves) else [e for leaf in leaves for e in leaf or ()]
+    return [exc] if isinstance(exc, (SkippyError, OSError)) else None
+
+
+def _one_line(exc: BaseException) -> str:
+    """A failure as one line: a multi-line message (a probe's child log) is joined with ' | '."""
+    return " | ".join(line.strip() for line in str(exc).splitlines() if line.strip()) or type(exc).__name__
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logger.enable("skippy")
@@ -441,11 +480,15 @@ def main(argv: list[str] | None = None) -> int:
     logger.add(sys.stderr, level="INFO" if args.verbose else "WARNING")
     try:
         return args.func(args)
-    except SkippyError as exc:
-        print(f"skippy: error: {exc}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         return 130
+    except BaseException as exc:
+        failures = _expected(exc)
+        if failures is None:
+            raise
+        for failure in dict.fromkeys(_one_line(f) for f in failures):  # one line each, duplicates once
+            print(f"skippy: error: {failure}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

@@ -1,8 +1,15 @@
-"""Per-request token sampling. Each request owns its RNG, so its draws never depend on its batch-mates."""
+"""Per-request token sampling. Each request owns its RNG and its token history, so its draws never
+depend on its batch-mates.
+
+Order, as llama.cpp's sampler chain: logit_bias, then the repetition penalty (llama.cpp's
+repeat_penalty over the last `repeat_last_n` tokens of prompt + output), then OpenAI's presence
+and frequency penalties (over this request's generated tokens), then temperature, top-k, min-p,
+top-p and the draw."""
 
 from __future__ import annotations
 
 import math
+from typing import Any, Iterable, Mapping, Sequence
 
 import attrs
 import numpy as np
@@ -15,6 +22,29 @@ def _check(condition: bool, message: str) -> None:
         raise InvalidInputError(message)
 
 
+def _is_int(v: Any) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
+
+
+def _is_num(v: Any) -> bool:
+    return isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _bias_pairs(value: Mapping[Any, float] | Iterable[tuple[int, float]] | None) -> tuple[tuple[int, float], ...]:
+    """logit_bias as sorted (token id, bias) pairs: hashable, and one order whatever the input's."""
+    if not value:
+        return ()
+    items = value.items() if isinstance(value, Mapping) else value
+    pairs: dict[int, float] = {}
+    for item in items:
+        _check(isinstance(item, (tuple, list)) and len(item) == 2, f"logit_bias entries are (token, bias), got {item!r}")
+        token, bias = item
+        _check(_is_int(token) and token >= 0, f"logit_bias token ids must be integers >= 0, got {token!r}")
+        _check(_is_num(bias) or bias == -math.inf, f"logit_bias values must be finite numbers (or -inf), got {bias!r}")
+        pairs[int(token)] = float(bias)
+    return tuple(sorted(pairs.items()))
+
+
 @attrs.frozen
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
@@ -22,49 +52,115 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     seed: int | None = None
+    presence_penalty: float = 0.0  # OpenAI's: minus this once for every token already generated
+    frequency_penalty: float = 0.0  # OpenAI's: minus this per time a token was generated
+    repeat_penalty: float = 1.0  # llama.cpp's: logits of recent tokens divided (> 0) or multiplied (<= 0); 1 = off
+    repeat_last_n: int = 64  # the window of prompt + output it looks at; 0 = off, -1 = all of it
+    logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_bias_pairs)
+    # derived once: `greedy` is read per row per step
+    _shapes: bool = attrs.field(init=False, default=False, eq=False, repr=False)
 
     def __attrs_post_init__(self) -> None:
-        _check(isinstance(self.temperature, (int, float)) and math.isfinite(self.temperature) and self.temperature >= 0,
+        _check(_is_num(self.temperature) and self.temperature >= 0,
                f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        _check(isinstance(self.top_k, int) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
-        _check(isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
-        _check(isinstance(self.min_p, (int, float)) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
-        _check(self.seed is None or isinstance(self.seed, int) and not isinstance(self.seed, bool) and self.seed >= 0,
+        _check(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
+        _check(_is_num(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
+        _check(_is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
+        _check(self.seed is None or _is_int(self.seed) and self.seed >= 0,
                f"seed must be an integer >= 0, got {self.seed!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            _check(_is_num(getattr(self, name)), f"{name} must be a finite number, got {getattr(self, name)!r}")
+        _check(_is_num(self.repeat_penalty) and self.repeat_penalty > 0,
+               f"repeat_penalty must be a finite number > 0, got {self.repeat_penalty!r}")
+        _check(_is_int(self.repeat_last_n) and self.repeat_last_n >= -1,
+               f"repeat_last_n must be an integer >= -1, got {self.repeat_last_n!r}")
+        object.__setattr__(self, "_shapes", bool(
+            self.presence_penalty or self.frequency_penalty or self.logit_bias
+            or (self.repeat_penalty != 1 and self.repeat_last_n != 0)))
+
+    @property
+    def shapes_logits(self) -> bool:
+        """Whether a penalty or bias changes the logits before the pick (needs the request's history)."""
+        return self._shapes
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """The token is the raw logits' argmax: no temperature, nothing shaping them, nothing drawn
+        (such rows are sampled in one vectorised argmax)."""
+        return self.temperature == 0 and not self._shapes
 
 
 class Sampler:
-    """Stateful only through its RNG: the same params, seed and logits give the same tokens."""
+    """Stateful through its RNG and the tokens it picked: the same params, seed, prompt and logits
+    give the same tokens. `state()`/`restore()` cover both (a failed step draws nothing)."""
 
-    def __init__(self, params: SamplingParams | None = None) -> None:
+    def __init__(self, params: SamplingParams | None = None, prompt: Sequence[int] | np.ndarray = ()) -> None:
         self.params = params or SamplingParams()
         self._rng = np.random.default_rng(self.params.seed)
+        self._shapes = self.params.shapes_logits
+        self._prompt = np.asarray(prompt, dtype=np.int64).ravel() if self._shapes else np.empty(0, np.int64)
+        self._out: list[int] = []  # what it picked, in order (kept only when shaping needs it)
+        bias = self.params.logit_bias
+        self._bias_ids = np.array([t for t, _ in bias], dtype=np.int64)
+        self._bias = np.array([b for _, b in bias], dtype=np.float64)
 
     def __call__(self, logits: np.ndarray) -> int:
-        return pick(logits, self.params, self.draw())
+        if not self._shapes:
+            return pick(logits, self.params, self.draw())
+        token = pick(self.shape(logits), self.params, self.draw())
+        self._out.append(token)
+        return token
+
+    def shape(self, logits: np.ndarray) -> np.ndarray:
+        """The logits after logit_bias and the penalties, for this request's history (a float64 copy)."""
+        p = self.params
+        x = np.array(logits, dtype=np.float64)
+        n = x.shape[0]
+        if self._bias_ids.size:
+            ok = self._bias_ids < n
+            x[self._bias_ids[ok]] += self._bias[ok]
+        if p.repeat_penalty != 1 and p.repeat_last_n != 0:
+            ids = self._recent(p.repeat_last_n)
+            ids = ids[ids < n]
+            x[ids] = np.where(x[ids] <= 0, x[ids] * p.repeat_penalty, x[ids] / p.repeat_penalty)
+        if (p.presence_penalty or p.frequency_penalty) and self._out:
+            ids, counts = np.unique(np.asarray(self._out, dtype=np.int64), return_counts=True)
+            keep = ids < n
+            x[ids[keep]] -= counts[keep] * p.frequency_penalty + p.presence_penalty
+        return x
+
+    def _recent(self, last_n: int) -> np.ndarray:
+        """The distinct tokens among the last `last_n` of prompt + output (-1: all)."""
+        out = np.asarray(self._out, dtype=np.int64)
+        if last_n < 0:
+            window = np.concatenate((self._prompt, out))
+        elif out.size >= last_n:
+            window = out[out.size - last_n:]
+        else:
+            k = last_n - out.size
+            window = np.concatenate((self._prompt[max(0, self._prompt.size - k):], out))
+        return np.unique(window)
 
     def draw(self) -> float | None:
-        """The uniform number the next sample uses (None when greedy, which draws nothing).
+        """The uniform number the next sample uses (None at temperature 0, which draws nothing).
 
         Split from `pick` so a pipeline's last stage can sample with the draw stage 0 made:
         the same RNG stream and arithmetic as one process, whichever stage holds the logits."""
-        return None if self.params.greedy else float(self._rng.random())
+        return None if self.params.temperature == 0 else float(self._rng.random())
 
-    def state(self) -> dict:
-        """Where its RNG stream stands: a step that failed puts it back (`restore`), drawing nothing."""
-        return self._rng.bit_generator.state
+    def state(self) -> tuple[dict, int]:
+        """Where its RNG stream and history stand: a step that failed puts them back (`restore`)."""
+        return self._rng.bit_generator.state, len(self._out)
 
-    def restore(self, state: dict) -> None:
-        self._rng.bit_generator.state = state
+    def restore(self, state: tuple[dict, int]) -> None:
+        rng, n_out = state
+        self._rng.bit_generator.state = rng
+        del self._out[n_out:]
 
 
 def pick(logits: np.ndarray, p: SamplingParams, u: float | None) -> int:
-    """The token `p` picks from `logits` with the uniform draw `u` (unused when greedy)."""
-    if p.greedy:
+    """The token `p` picks from `logits` (already shaped) with the uniform draw `u` (unused at temperature 0)."""
+    if p.temperature == 0:
         return int(np.argmax(logits))
     if u is None or not 0.0 <= u < 1.0:
         raise InvalidInputError(f"a non-greedy sample needs a draw in [0, 1), got {u!r}")

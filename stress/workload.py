@@ -25,7 +25,7 @@ PRIORITIES = (-1, 0, 0, 0, 1, 2, 5)  # mostly default, a few higher and one lowe
 # answers a 4xx with OpenAI's JSON error body (404 only for an unknown model).
 ENGINE_MALFORMED = ("prompt_too_long", "zero_max_tokens", "empty_prompt", "token_out_of_vocab", "bad_priority",
                     "negative_temperature", "negative_seed", "bad_stop")
-SERVER_MALFORMED = ("bad_json", "not_an_object", "wrong_type_max_tokens", "wrong_type_prompt", "unknown_field",
+SERVER_MALFORMED = ("bad_json", "not_an_object", "wrong_type_max_tokens", "wrong_type_prompt", "unsupported_field",
                     "prompt_too_long", "negative_seed", "n_gt_1", "empty_prompt", "unknown_model",
                     "temperature_out_of_range", "token_out_of_vocab", "bad_priority", "missing_messages")
 
@@ -175,12 +175,12 @@ def server_malformed(job: Job, model: str, n_ctx: int, n_vocab: int) -> tuple[st
             body["max_tokens"] = "ten"
         case "wrong_type_prompt":
             body["prompt"] = 12
-        case "unknown_field":
-            body["frobnicate"] = True
+        case "unsupported_field":  # unknown fields are ignored (as vLLM does); a known one at a value we lack is not
+            body["echo"] = True
         case "prompt_too_long":
             body["prompt"] = (list(job.prompt) * (n_ctx // len(job.prompt) + 1))[:n_ctx]
         case "negative_seed":
-            body["seed"] = -1
+            body["seed"] = -2  # -1 means "no seed"
         case "n_gt_1":
             body["n"] = 2
         case "empty_prompt":

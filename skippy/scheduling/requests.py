@@ -86,7 +86,7 @@ class Request:
     sink: Any = attrs.field(default=None, init=False, repr=False)  # where its events go (a trio channel)
 
     def __attrs_post_init__(self) -> None:
-        self.sampler = Sampler(self.sampling)
+        self.sampler = Sampler(self.sampling, self.prompt)  # the prompt: the repetition penalty's window
 
     @property
     def n_tokens(self) -> int:

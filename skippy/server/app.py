@@ -2,7 +2,8 @@
 
 `create_app(engine)` returns an app whose `state.server` (a ServerState) tracks in-flight
 requests and the draining flag that graceful shutdown sets; everything protocol-shaped is
-in `protocol`, everything Prometheus-shaped in `metrics`.
+in `protocol` (request fields in `fields`), /tokenize and /detokenize shapes in `tokens`,
+`--api-key` in `auth`, everything Prometheus-shaped in `metrics`.
 """
 
 from __future__ import annotations
@@ -10,19 +11,24 @@ from __future__ import annotations
 import itertools
 import time
 import uuid
-from typing import Any, AsyncIterator, Sequence
+from functools import partial
+from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import trio
 from loguru import logger
 from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import SkippyError
+from . import fields as F
 from . import protocol as P
+from . import tokens as T
+from .auth import BearerAuth
 from .metrics import CONTENT_TYPE, ServerMetrics
 
 
@@ -32,6 +38,7 @@ class ServerState:
     def __init__(self, engine: Any, model_names: Sequence[str]) -> None:
         self.engine = engine
         self.model_names = list(dict.fromkeys(model_names))
+        self.local_sampling = _samples_locally(engine)
         self.created = int(time.time())
         self.metrics = ServerMetrics(engine)
         self.draining = False
@@ -61,21 +68,68 @@ class ServerState:
         return f"{prefix}-{uuid.uuid4().hex[:24]}"
 
 
+def _samples_locally(engine: Any) -> bool:
+    """Whether the engine's sampler sees the logits (penalties and logit_bias need it): not so for a
+    staged pipeline, whose last stage samples in another process."""
+    try:
+        from ..staged._pipeline import PipelineRuntime
+    except Exception:  # pragma: no cover - no staged package: no pipeline either
+        return True
+    return not isinstance(getattr(engine, "runtime", None), PipelineRuntime)
+
+
 def _error_response(err: P.ApiError) -> JSONResponse:
     return JSONResponse(err.body(), status_code=err.status, headers=err.headers)
 
 
-def _prompt_tokens(state: ServerState, call: P.GenerateCall) -> Any:
-    """Chat messages through the GGUF's own template; completions as given (text or ids)."""
-    if call.kind != "chat":
-        return call.prompt
+def _prompts(state: ServerState, call: P.GenerateCall) -> list[Any]:
+    """What each choice generates from: chat messages through the GGUF's own template; completion
+    prompts as given (text or ids), text tokenized here only when its length sets the limit."""
     engine = state.engine
+    if call.kind != "chat":
+        if call.max_tokens is not None:
+            return list(call.prompts)
+        return [engine.runtime.tokenize(p) if isinstance(p, str) else p for p in call.prompts]
     if not engine.has_chat_template:
         raise P.ApiError(400, "this engine has no model with a chat template", code="no_chat_template")
     try:
-        return engine.chat_tokens(call.prompt)
+        return [engine.chat_tokens(call.prompt)]
     except SkippyError as exc:
         raise P.bad_request(str(exc), param="messages") from None
+
+
+def _check_sampling(state: ServerState, call: P.GenerateCall) -> None:
+    """Penalties and logit_bias need the sampler beside the logits, with the request's tokens; a
+    pipeline's last stage samples from (temperature, top_k, top_p, min_p, draw) alone."""
+    param = call.shaping_param
+    if param is not None and not state.local_sampling:
+        raise P.bad_request(f"'{param}' is not supported when serving a staged pipeline", param=param,
+                            code="unsupported_parameter")
+    P.check_token_ids(call, state.engine.runtime.n_vocab)
+
+
+async def _submit(state: ServerState, call: P.GenerateCall, prompts: Sequence[Any]) -> list[Any]:
+    """One engine request per prompt, each queued (or the error of the first that is not: the rest cancelled)."""
+    engine = state.engine
+    streams: list[Any] = []
+    try:
+        for prompt in prompts:
+            max_tokens = call.max_tokens
+            if max_tokens is None:  # no limit: the rest of the context
+                max_tokens = P.resolve_max_tokens(call, len(prompt), engine.n_ctx)
+            stream = engine.generate(prompt, **call.engine_kwargs(max_tokens))
+            state.track(stream)
+            streams.append(stream)
+        for stream in streams:
+            await stream.queued()
+    except BaseException as exc:
+        for stream in streams:
+            stream.cancel()
+            state.untrack(stream)
+        if isinstance(exc, (SkippyError, ValueError)):
+            raise P.engine_error(exc) from None
+        raise
+    return streams
 
 
 async def _generate(request: HttpRequest, kind: str) -> Response:
@@ -91,39 +145,28 @@ async def _generate(request: HttpRequest, kind: str) -> Response:
     call = P.parse_chat(data) if kind == "chat" else P.parse_completion(data)
     if call.model not in state.model_names:
         raise P.not_found(call.model)
-    engine = state.engine
+    _check_sampling(state, call)
     t_arrival = time.perf_counter()
-    prompt = _prompt_tokens(state, call)
-    max_tokens = call.max_tokens
-    if max_tokens is None:  # chat without a limit: the rest of the context
-        max_tokens = P.resolve_max_tokens(call, len(prompt), engine.n_ctx)
-    try:
-        stream = engine.generate(prompt, **call.engine_kwargs(max_tokens))
-    except (SkippyError, ValueError) as exc:
-        raise P.engine_error(exc) from None
-    state.track(stream)
-    try:
-        await stream.queued()
-    except SkippyError as exc:
-        state.untrack(stream)
-        raise P.engine_error(exc) from None
-    except BaseException:
-        state.untrack(stream)
-        raise
+    streams = await _submit(state, call, _prompts(state, call))
     shape = P.ResponseShape(kind, state.request_id(kind), call.model)
-    if call.stream:
-        return EventSourceResponse(_sse(state, stream, shape, call, t_arrival), ping=0,
-                                   headers={"Cache-Control": "no-cache"})
-    return await _collect(request, state, stream, shape, t_arrival)
+    headers = F.ignored_header(call.ignored)
+    if not call.stream:
+        return await _collect(request, state, streams, shape, t_arrival, headers)
+    headers["Cache-Control"] = "no-cache"
+    if len(streams) == 1:
+        return EventSourceResponse(_sse(state, streams[0], shape, call, t_arrival), ping=0, headers=headers)
+    tx, rx = trio.open_memory_channel(0)
+    return EventSourceResponse(_sse(state, streams, shape, call, t_arrival, rx.receive), ping=0, headers=headers,
+                               data_sender_callable=partial(_pump, streams, tx))
 
 
-async def _collect(request: HttpRequest, state: ServerState, stream: Any, shape: P.ResponseShape,
-                   t_arrival: float) -> Response:
-    """Non-streaming: gather the events; a client that hangs up cancels the request."""
-    parts: list[str] = []
-    final = None
-    t_first = t_last = None
-    n = 0
+async def _collect(request: HttpRequest, state: ServerState, streams: Sequence[Any], shape: P.ResponseShape,
+                   t_arrival: float, headers: dict[str, str] | None = None) -> Response:
+    """Non-streaming: gather every choice's events; a client that hangs up cancels the requests."""
+    k = len(streams)
+    parts: list[list[str]] = [[] for _ in range(k)]
+    finals: list[Any] = [None] * k
+    timing = [[None, None, 0] for _ in range(k)]  # t_first, t_last, tokens
 
     async def watch_disconnect(scope: trio.CancelScope) -> None:
         while True:
@@ -132,88 +175,141 @@ async def _collect(request: HttpRequest, state: ServerState, stream: Any, shape:
                 scope.cancel()
                 return
 
+    async def gather(i: int) -> None:
+        t = timing[i]
+        async for event in streams[i]:
+            if event.token is not None:
+                t[2] += 1
+                t[1] = time.perf_counter()
+                t[0] = t[0] or t[1]
+            parts[i].append(event.text)
+            if event.final:
+                finals[i] = event
+
     try:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(watch_disconnect, nursery.cancel_scope)
-            async for event in stream:
-                if event.token is not None:
-                    n += 1
-                    t_last = time.perf_counter()
-                    t_first = t_first or t_last
-                parts.append(event.text)
-                if event.final:
-                    final = event
+            async with trio.open_nursery() as choices:
+                for i in range(k):
+                    choices.start_soon(gather, i)
             nursery.cancel_scope.cancel()
     finally:
-        stream.cancel()
-        state.untrack(stream)
-    state.metrics.observe(t_arrival, t_first, t_last, n)
-    if final is None or final.finish_reason == "cancelled":
+        for stream in streams:
+            stream.cancel()
+            state.untrack(stream)
+    for t_first, t_last, n in timing:
+        state.metrics.observe(t_arrival, t_first, t_last, n)
+    if any(f is None or f.finish_reason == "cancelled" for f in finals):
         raise P.shutting_down()  # only shutdown ends a request whose client is still there
-    if final.finish_reason == "error":
-        raise P.ApiError(500, f"generation failed: {final.error}", type="server_error", code="generation_failed")
-    u = final.usage
-    usage = P.usage_json(u.prompt_tokens, u.completion_tokens, u.cached_tokens)
-    return JSONResponse(shape.full("".join(parts), final.finish_reason, usage))
+    failed = next((f for f in finals if f.finish_reason == "error"), None)
+    if failed is not None:
+        raise P.ApiError(500, f"generation failed: {failed.error}", type="server_error", code="generation_failed")
+    body = shape.full([("".join(p), f.finish_reason) for p, f in zip(parts, finals)], _usage(finals))
+    return JSONResponse(body, headers=headers)
 
 
-async def _sse(state: ServerState, stream: Any, shape: P.ResponseShape, call: P.GenerateCall,
-               t_arrival: float) -> AsyncIterator[bytes]:
-    """Streaming: one chunk per token, usage last when asked, then [DONE]. The tokens that queued
-    while the client was slow go out in one write, each once and in order. Being cancelled (the
-    client left: sse-starlette cancels us) cancels the request."""
-    t_first = t_last = None
-    n = 0
-    first = True
-    encode = shape.text_event_encoder(call.include_usage)
+def _usage(finals: Sequence[Any]) -> dict[str, Any]:
+    """Usage over every choice (OpenAI sums a multi-prompt request's tokens)."""
+    us = [f.usage for f in finals]
+    return P.usage_json(sum(u.prompt_tokens for u in us), sum(u.completion_tokens for u in us),
+                        sum(u.cached_tokens for u in us))
+
+
+async def _pump(streams: Sequence[Any], tx: trio.MemorySendChannel) -> None:
+    """Several prompts streamed: every stream's batches into one channel as they come (choices
+    interleave, each in order). Runs in the SSE response's task group, which cancels it when done."""
+
+    async def one(i: int, stream: Any, out: trio.MemorySendChannel) -> None:
+        async with out:
+            while True:
+                events = await stream.batch()
+                await out.send((i, events))
+                if not events or events[-1].final:
+                    return
+
+    async with tx, trio.open_nursery() as nursery:
+        for i, stream in enumerate(streams):
+            nursery.start_soon(one, i, stream, tx.clone())
+
+
+async def _sse(state: ServerState, streams: Any, shape: P.ResponseShape, call: P.GenerateCall,
+               t_arrival: float, receive: Callable[[], Awaitable[tuple[int, list[Any]]]] | None = None,
+               ) -> AsyncIterator[bytes]:
+    """Streaming: chunks per token (each with its choice's index), usage last when asked, then [DONE].
+    One stream is read directly; several come through `receive` (see `_pump`). The tokens that queued
+    while the client was slow go out in one write, each once and in order. Being cancelled (the client
+    left: sse-starlette cancels us) cancels the requests."""
+    streams = list(streams) if isinstance(streams, (list, tuple)) else [streams]
+    k = len(streams)
+    if receive is None:
+        only = streams[0]
+
+        async def receive() -> tuple[int, list[Any]]:
+            return 0, await only.batch()
+
+    timing = [[None, None, 0] for _ in range(k)]  # t_first, t_last, tokens
+    first = [True] * k
+    finals: list[Any] = [None] * k
+    encoders = [shape.text_event_encoder(call.include_usage, i) for i in range(k)]
     try:
         if call.kind == "chat":  # OpenAI opens a chat stream with the role
             yield P.sse_event(shape.chunk("", first=True, include_usage=call.include_usage))
-            first = False
-        while True:
-            events = await stream.batch()
+            first[0] = False
+        done = 0
+        while done < k:
+            try:
+                i, events = await receive()
+            except trio.EndOfChannel:
+                i, events = 0, []
             if not events:  # ended without a final event: cancelled by shutdown
                 yield P.sse_event(P.shutting_down().body())
                 break
             now = time.perf_counter()
+            t = timing[i]
             out: list[bytes] = []
             final = None
             for event in events:
                 if event.token is not None:
-                    n += 1
-                    t_last = now
-                    t_first = t_first or now
+                    t[2] += 1
+                    t[1] = now
+                    t[0] = t[0] or now
                 if event.final:
                     final = event
                     break
                 if event.text:
-                    out.append(encode(event.text, first))
-                    first = False
+                    out.append(encoders[i](event.text, first[i]))
+                    first[i] = False
+            failed = False
             if final is not None:
-                out += _final_events(final, shape, call, encode, first)
+                finals[i] = final
+                done += 1
+                failed = final.finish_reason in ("cancelled", "error")
+                out += _final_events(final, shape, call, encoders[i], first[i], i)
+                if done == k and not failed and call.include_usage:
+                    out.append(P.sse_event(shape.usage_chunk(_usage(finals))))
             if out:
                 yield b"".join(out)
                 if events[0].t_sampled:  # the oldest token of this write: sampled -> its bytes written
                     state.metrics.delivery.observe(time.perf_counter() - events[0].t_sampled)
-            if final is not None:
+            if failed:
                 break
         yield P.sse_event("[DONE]")
     finally:
-        stream.cancel()
-        state.untrack(stream)
-        state.metrics.observe(t_arrival, t_first, t_last, n)
+        for stream in streams:
+            stream.cancel()
+            state.untrack(stream)
+        for t_first, t_last, n in timing:
+            state.metrics.observe(t_arrival, t_first, t_last, n)
 
 
-def _final_events(final: Any, shape: P.ResponseShape, call: P.GenerateCall, encode: Any, first: bool) -> list[bytes]:
+def _final_events(final: Any, shape: P.ResponseShape, call: P.GenerateCall, encode: Any, first: bool,
+                  index: int = 0) -> list[bytes]:
     if final.finish_reason in ("cancelled", "error"):
         err = (P.shutting_down() if final.finish_reason == "cancelled" else
                P.ApiError(500, f"generation failed: {final.error}", type="server_error", code="generation_failed"))
         return [P.sse_event(err.body())]
     out = [encode(final.text, first)] if final.text else []
-    out.append(P.sse_event(shape.chunk("", final.finish_reason, include_usage=call.include_usage)))
-    if call.include_usage:
-        u = final.usage
-        out.append(P.sse_event(shape.usage_chunk(P.usage_json(u.prompt_tokens, u.completion_tokens, u.cached_tokens))))
+    out.append(P.sse_event(shape.chunk("", final.finish_reason, include_usage=call.include_usage, index=index)))
     return out
 
 
@@ -230,7 +326,46 @@ async def chat_completions(request: HttpRequest) -> Response:
 
 async def models(request: HttpRequest) -> Response:
     state: ServerState = request.app.state.server
-    return JSONResponse(P.models_json(state.model_names, state.created))
+    return JSONResponse(P.models_json(state.model_names, state.created, state.engine.n_ctx, _model_meta(state.engine)))
+
+
+def _model_meta(engine: Any) -> dict[str, Any]:
+    """llama-server's `meta` of a model: what we know of it without reading the file again."""
+    runtime = engine.runtime
+    meta: dict[str, Any] = {"n_ctx": engine.n_ctx, "n_vocab": runtime.n_vocab}
+    model = getattr(runtime, "model", None)
+    if model is not None:
+        meta["n_ctx_train"] = model.n_ctx_train
+    return meta
+
+
+async def _json_body(request: HttpRequest) -> dict[str, Any] | None:
+    try:
+        return P.parse_json(await request.body())
+    except ClientDisconnect:
+        return None
+
+
+async def tokenize(request: HttpRequest) -> Response:
+    state: ServerState = request.app.state.server
+    data = await _json_body(request)
+    if data is None:
+        return Response(status_code=499)
+    content, add_special, pieces, ignored = T.parse_tokenize(data)
+    runtime = state.engine.runtime
+    ids = [int(t) for t in runtime.tokenize(content, add_special)]
+    tokens: list[Any] = T.with_pieces(ids, runtime.piece) if pieces else ids
+    return JSONResponse({"tokens": tokens}, headers=F.ignored_header(ignored))
+
+
+async def detokenize(request: HttpRequest) -> Response:
+    state: ServerState = request.app.state.server
+    data = await _json_body(request)
+    if data is None:
+        return Response(status_code=499)
+    runtime = state.engine.runtime
+    tokens, ignored = T.parse_detokenize(data, runtime.n_vocab)
+    return JSONResponse({"content": T.detokenize(tokens, runtime.piece)}, headers=F.ignored_header(ignored))
 
 
 async def health(request: HttpRequest) -> Response:
@@ -267,17 +402,24 @@ def default_model_names(engine: Any, aliases: Sequence[str] = ()) -> list[str]:
     return [engine.model_name] + [a for a in aliases if a]
 
 
-def create_app(engine: Any, *, model_names: Sequence[str] | None = None) -> Starlette:
-    """An OpenAI-compatible app over `engine`; `model_names[0]` is the id /v1/models lists first."""
+def create_app(engine: Any, *, model_names: Sequence[str] | None = None,
+               api_keys: Sequence[str] | str | None = None) -> Starlette:
+    """An OpenAI-compatible app over `engine`; `model_names[0]` is the id /v1/models lists first, and
+    every name answers in `model`. With `api_keys`, every route but /health and /metrics needs
+    `Authorization: Bearer <one of them>`."""
     state = ServerState(engine, model_names or default_model_names(engine))
+    keys = [api_keys] if isinstance(api_keys, str) else list(api_keys or ())
     app = Starlette(
         routes=[
             Route("/v1/completions", completions, methods=["POST"]),
             Route("/v1/chat/completions", chat_completions, methods=["POST"]),
             Route("/v1/models", models, methods=["GET"]),
+            Route("/tokenize", tokenize, methods=["POST"]),
+            Route("/detokenize", detokenize, methods=["POST"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
         ],
+        middleware=[Middleware(BearerAuth, keys=keys)] if keys else [],
         exception_handlers={P.ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error},
     )
     app.state.server = state
