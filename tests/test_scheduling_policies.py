@@ -309,31 +309,28 @@ def test_a_derived_pool_leaves_the_budget_room_for_its_own_lanes():
 
 
 async def test_a_request_cancelled_on_its_way_back_to_the_queue_still_finishes_once():
-    """Its Cancel reaches admission while the composer is requeueing it (nothing to remove), so
+    """Its cancel reaches admission while the composer is requeueing it (nothing to remove), so
     admit() meets it cancelled at the head: it must still be counted and get its final event."""
     import trio
 
     from skippy.actors.admission import AdmissionActor
-    from skippy.actors.messages import Call, Cancel, Requeue
+    from skippy.actors.messages import Requeue
     from skippy.scheduling.effects import Admit
 
     admission = Admission(ceiling=4, max_waiting=10)
     composer_tx, _composer_rx = trio.open_memory_channel(10)
-    actor = AdmissionActor(admission, trio.open_memory_channel(0)[1], composer_tx)
+    actor = AdmissionActor(admission, composer_tx)
     r = req(0)
     sink_tx, sink_rx = trio.open_memory_channel(10)
     r.sink = sink_tx
     r.state = RequestState.RUNNING  # preempted: the composer is sending it back
     r.cancel_requested = True
-    actor.handle(Cancel(r))  # arrives first: not waiting, so nothing happens yet
+    actor.cancel(r)  # arrives first: not waiting, so nothing happens yet
     assert admission.cancelled == 0
-    requeued_tx, requeued_rx = trio.open_memory_channel(1)
-    actor.handle(Call(Requeue((r,)), requeued_tx))
-    answers_tx, answers_rx = trio.open_memory_channel(1)
-    actor.handle(Call(Admit(Headroom.of(ledger(attn_free=100), [], 2)), answers_tx))
-    assert answers_rx.receive_nowait().requests == ()
+    actor.ask(Requeue((r,)))
+    assert actor.ask(Admit(Headroom.of(ledger(attn_free=100), [], 2))).requests == ()
     assert admission.cancelled == 1
     event = sink_rx.receive_nowait()
     assert event.final and event.finish_reason == "cancelled"
-    actor.handle(Call(Admit(Headroom.of(ledger(attn_free=100), [], 2)), answers_tx))
+    actor.ask(Admit(Headroom.of(ledger(attn_free=100), [], 2)))
     assert admission.cancelled == 1  # once

@@ -1,7 +1,7 @@
 """Admission actor: owns the waiting queue and the lanes; a thin shell over scheduling.Admission.
 
 Everything it is told happens on the trio thread: submissions and cancels come straight from
-the Engine, the composer's questions straight from the step; the inbox serves other callers."""
+the Engine, the composer's questions straight from the step. No inbox: nothing else asks it."""
 
 from __future__ import annotations
 
@@ -12,19 +12,13 @@ from ..scheduling.admission import Admission
 from ..scheduling.effects import Admit, ReturnLanes
 from ..scheduling.requests import Request, cancelled_event
 from ._mail import deliver, poke, reply
-from .messages import Call, Cancel, Requeue, Submit, Wake
+from .messages import Requeue, Wake
 
 
 class AdmissionActor:
-    def __init__(self, policy: Admission, inbox: trio.MemoryReceiveChannel, composer: trio.MemorySendChannel) -> None:
+    def __init__(self, policy: Admission, composer: trio.MemorySendChannel) -> None:
         self.policy = policy
-        self.inbox = inbox
         self.composer = composer
-
-    async def run(self) -> None:
-        async with self.inbox:
-            async for msg in self.inbox:
-                self.handle(msg)
 
     def ask(self, what: object) -> object:
         """The composer's questions, answered directly (same trio thread): Admit, ReturnLanes, Requeue."""
@@ -59,14 +53,3 @@ class AdmissionActor:
         if self.policy.cancel(request):
             logger.debug("request {} cancelled while waiting", request.id)
             deliver(request.sink, cancelled_event(request))
-
-    def handle(self, msg: object) -> None:
-        """A message from the inbox (anything not on the trio thread's direct path)."""
-        if isinstance(msg, Cancel):
-            self.cancel(msg.request)
-        elif isinstance(msg, Call) and isinstance(msg.what, Submit):
-            self.submit(msg.what.request, msg.reply)
-        elif isinstance(msg, Call):
-            reply(msg.reply, self.ask(msg.what))
-        else:  # pragma: no cover - a programming error, loudly
-            raise TypeError(f"Admission got {msg!r}")

@@ -1,8 +1,8 @@
 """What the actors say to each other. Frozen.
 
-A message that wants an answer travels in a `Call` with the caller's one-shot reply
-channel; what it asks is one of the step's effects (scheduling.effects: Admit, Preempt,
-Decode, FreeCells, ShareCells, ReturnLanes, ReadLedger) or one of the messages below.
+The actors ask each other directly (one trio thread). What still travels: a `Call` into the
+runtime owner's inbox (callers off the step's path) with the caller's one-shot reply channel,
+the composer's `Wake`, and preemption's `Requeue` to admission.
 """
 
 from __future__ import annotations
@@ -18,20 +18,6 @@ from ..scheduling.requests import Request
 class Call:
     what: Any
     reply: Any  # the caller's one-shot channel
-
-
-@attrs.frozen
-class Submit:
-    """A new request for the queue; answered with None, or the exception to raise in the caller."""
-
-    request: Request
-
-
-@attrs.frozen
-class Cancel:
-    """The caller left: a waiting request leaves the queue (a running one is swept by the step)."""
-
-    request: Request
 
 
 @attrs.frozen

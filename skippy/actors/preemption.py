@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import trio
-
 from ..scheduling.effects import FreeCells, Preempt, Preempted
 from ..scheduling.preemption import Preemption
-from ._mail import reply
 from .admission import AdmissionActor
-from .messages import Call, Requeue
+from .messages import Requeue
 from .runtime_owner import RuntimeOwner
 
 
@@ -16,19 +13,10 @@ class PreemptionActor:
     """Victims, their cells and their place back in the queue, in that order. The composer asks
     directly; the peers it uses are asked directly too (all on one trio thread)."""
 
-    def __init__(self, policy: Preemption, inbox: trio.MemoryReceiveChannel, owner: RuntimeOwner,
-                 admission: AdmissionActor) -> None:
+    def __init__(self, policy: Preemption, owner: RuntimeOwner, admission: AdmissionActor) -> None:
         self.policy = policy
-        self.inbox = inbox
         self.owner = owner
         self.admission = admission
-
-    async def run(self) -> None:
-        async with self.inbox:
-            async for msg in self.inbox:
-                if not (isinstance(msg, Call) and isinstance(msg.what, Preempt)):  # pragma: no cover
-                    raise TypeError(f"Preemption got {msg!r}")
-                reply(msg.reply, await self.ask(msg.what))
 
     async def ask(self, p: Preempt) -> Preempted:
         victims = tuple(self.policy.preempt(p.running, p.missing, p.at_least))

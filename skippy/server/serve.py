@@ -3,11 +3,13 @@
 `serve_app` runs inside the caller's nursery (`await nursery.start(serve_app, app, ...)`
 returns the bound addresses). When `shutdown_trigger` returns: new requests get 503,
 in-flight ones may finish until the deadline, the rest are cancelled (their cells freed at
-the next step), then hypercorn stops and `serve_app` returns.
+the next step), then hypercorn stops and `serve_app` returns. Requests are bounded by
+`limits.HttpLimits` (body size, header size, requests per connection).
 """
 
 from __future__ import annotations
 
+import logging
 import signal
 from functools import partial
 from typing import Any, Awaitable, Callable
@@ -19,18 +21,38 @@ from loguru import logger
 
 from . import _hypercorn_eof
 from .app import ServerState
+from .limits import HttpLimits, RequestLimits
 
 
-def hypercorn_config(host: str, port: int, *, graceful_timeout: float = 5.0) -> Config:
+def hypercorn_config(host: str, port: int, *, graceful_timeout: float = 5.0,
+                     limits: HttpLimits | None = None) -> Config:
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
-    config.errorlog = None  # we print the address ourselves; errors reach loguru through the app
+    # hypercorn's own errors (an exception that escaped the app, a failed send) reach loguru at
+    # ERROR; its INFO lines (the address: we print it ourselves) stay out
+    config.errorlog = _errorlog()
     config.graceful_timeout = graceful_timeout
+    (limits or HttpLimits()).apply(config)
     # longer than clients keep idle connections (httpx and openai: 5 s), so a client reusing one
     # never races the server closing it (a POST is not retried on 'disconnected without a response')
     config.keep_alive_timeout = 75.0
     return config
+
+
+class _ToLoguru(logging.Handler):
+    def emit(self, record: logging.LogRecord) -> None:
+        level = record.levelname if record.levelno >= logging.WARNING else "DEBUG"
+        logger.opt(depth=1, exception=record.exc_info).log(level, "hypercorn: {}", record.getMessage())
+
+
+def _errorlog() -> logging.Logger:
+    log = logging.getLogger("skippy.hypercorn")
+    if not log.handlers:
+        log.addHandler(_ToLoguru())
+        log.propagate = False
+        log.setLevel(logging.WARNING)
+    return log
 
 
 async def drain(state: ServerState, deadline: float) -> int:
@@ -55,17 +77,20 @@ async def serve_app(
     *,
     shutdown_trigger: Callable[[], Awaitable[Any]] | None = None,
     deadline: float = 30.0,
+    limits: HttpLimits | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
-    """Serve `app` until `shutdown_trigger` returns (default: never; cancel the scope to stop hard)."""
+    """Serve `app` until `shutdown_trigger` returns (default: never; cancel the scope to stop hard).
+    `limits` bound what one client may make the server hold (default: HttpLimits())."""
     state: ServerState = app.state.server
     # close connections their clients closed at once, not after keep_alive_timeout in CLOSE-WAIT;
     # version-guarded and idempotent (see _hypercorn_eof: goes once pgjones/hypercorn PR #87 ships)
     _hypercorn_eof.install()
     stop = trio.Event()
     async with trio.open_nursery() as nursery:
-        binds = await nursery.start(partial(hypercorn_serve, app, hypercorn_config(host, port),
-                                            shutdown_trigger=stop.wait))
+        limits = limits or HttpLimits()
+        binds = await nursery.start(partial(hypercorn_serve, RequestLimits(app, limits),
+                                            hypercorn_config(host, port, limits=limits), shutdown_trigger=stop.wait))
         task_status.started(binds)
         if shutdown_trigger is None:
             await trio.sleep_forever()

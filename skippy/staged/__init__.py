@@ -6,7 +6,7 @@ This package holds the pure foundation: the frame codec, the frame stream, and s
 """
 
 from ._frames import (
-    DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE, VERSION, Activations, Error, FrameError, Hello, Kind, Message, Open, Release,
+    DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE, VERSION, Activations, Auth, Error, FrameError, Hello, Kind, Message, Open, Release,
     StepEnd, Token, decode, decode_header, decode_payload, encode,
 )
 from ._splits import (
@@ -16,7 +16,8 @@ from ._stage_plan import PipelinePlan, StagePlan, layer_costs, plan_pipeline
 from ._transport import FrameStream, StageDisconnected, connect
 
 __all__ = [
-    "DEFAULT_MAX_FRAME_BYTES", "HEADER_SIZE", "PINNED_N_LAYER", "PINNED_SPLITS", "VERSION", "Activations", "Error",
+    "DEFAULT_MAX_FRAME_BYTES", "HEADER_SIZE", "PINNED_N_LAYER", "PINNED_SPLITS", "VERSION", "Activations", "Auth",
+    "Error",
     "FrameError", "FrameStream", "Hello", "Kind", "Message", "Open", "PipelinePlan", "Release", "SplitError",
     "StageDisconnected", "StagePlan", "StepEnd", "balanced_split", "layer_costs",
     "Token", "boundary_rule", "connect", "decode", "decode_header", "decode_payload", "encode", "even_split",

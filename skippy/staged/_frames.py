@@ -21,7 +21,8 @@ import numpy as np
 from ..errors import InvalidInputError
 
 MAGIC = b"SKPF"
-VERSION = 2  # 2: StepEnd, the last stage samples (Activations.sampling), Hello carries capacity
+VERSION = 3  # 2: StepEnd, the last stage samples (Activations.sampling), Hello carries capacity;
+# 3: Hello carries the upstream nonce, Auth frames (the shared-secret challenge-response, _auth)
 HEADER_SIZE = 16
 DEFAULT_MAX_FRAME_BYTES = 256 << 20  # 2048 tokens x 8192 embd x f32 is 64 MiB; leave room
 
@@ -55,6 +56,7 @@ class Kind(enum.IntEnum):
     RELEASE = 5
     ERROR = 6
     STEP_END = 7
+    AUTH = 8
 
 
 # -- field validators: construction and decoding share them, so a decoded message is always
@@ -85,6 +87,20 @@ def _instance_of(*types: type) -> Any:
 
 
 _text = _instance_of(str)
+NONCE_BYTES = 32  # a fresh random challenge per handshake and side (HMAC-SHA256 keys it)
+MAC_BYTES = 32  # HMAC-SHA256
+
+
+def _blob(*sizes: int) -> Any:
+    """A bytes field whose length is one of `sizes` (0: absent)."""
+
+    def check(instance: Any, attribute: attrs.Attribute, value: Any) -> None:
+        if not isinstance(value, bytes) or len(value) not in sizes:
+            raise FrameError(f"{type(instance).__name__}.{attribute.name}: expected bytes of length "
+                             f"{' or '.join(map(str, sizes))}, got "
+                             f"{len(value) if isinstance(value, bytes) else _describe(value)}", resync=True)
+
+    return attrs.field(default=b"" if 0 in sizes else attrs.NOTHING, validator=check)
 
 
 def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
@@ -118,6 +134,11 @@ class _Writer:
     def array(self, value: np.ndarray, dtype: np.dtype) -> None:
         self.parts.append(memoryview(np.ascontiguousarray(value, dtype=dtype)).cast("B"))
 
+    def blob(self, value: bytes) -> None:
+        """u32 byte length, then the bytes."""
+        self.pack(_U32, len(value))
+        self.parts.append(value)
+
 
 class _Reader:
     def __init__(self, kind: Kind, payload: bytes) -> None:
@@ -143,6 +164,10 @@ class _Reader:
             return str(self.take(n, what), "utf-8")
         except UnicodeDecodeError as exc:
             raise self.fail(f"{what} is not UTF-8: {exc}") from None
+
+    def blob(self, what: str) -> bytes:
+        (n,) = self.unpack(_U32, f"{what} length")
+        return bytes(self.take(n, what))
 
     def array(self, dtype: np.dtype, count: int, what: str) -> np.ndarray:
         return np.frombuffer(self.take(count * dtype.itemsize, what), dtype=dtype)
@@ -175,6 +200,8 @@ class Hello:
     # reply to a Hello carries them so stage 0 derives the pipeline's ceiling; 0 = not said.
     lanes: int = _uint(32, default=0)
     cells: int = _uint(32, default=0)
+    # upstream's fresh challenge when it authenticates with the stage secret (see _auth); b"": none
+    nonce: bytes = _blob(0, NONCE_BYTES)
 
     def __attrs_post_init__(self) -> None:
         if not self.stage < self.n_stages:
@@ -191,12 +218,13 @@ class Hello:
         w.pack(self._LAYOUT, self.stage, self.n_stages, self.layer_begin, self.layer_end, self.n_layer, self.n_embd)
         w.text(self.model_digest)
         w.pack(self._CAPACITY, self.lanes, self.cells)
+        w.blob(self.nonce)
 
     @classmethod
     def _read(cls, r: _Reader) -> Hello:
         fields = r.unpack(cls._LAYOUT, "fields")
         digest = r.text("model_digest")
-        return cls(*fields, digest, *r.unpack(cls._CAPACITY, "capacity"))
+        return cls(*fields, digest, *r.unpack(cls._CAPACITY, "capacity"), r.blob("nonce"))
 
 
 @attrs.frozen
@@ -404,9 +432,29 @@ class StepEnd:
         return cls(*r.unpack(cls._LAYOUT, "fields"))
 
 
-Message = Hello | Open | Activations | Token | Release | Error | StepEnd
+@attrs.frozen
+class Auth:
+    """One step of the shared-secret handshake after a Hello (see _auth): the stage's proof and
+    challenge (``mac`` and ``nonce``), then upstream's proof (``mac`` alone)."""
+
+    KIND: ClassVar[Kind] = Kind.AUTH
+
+    mac: bytes = _blob(MAC_BYTES)
+    nonce: bytes = _blob(0, NONCE_BYTES)
+
+    def _write(self, w: _Writer) -> None:
+        w.blob(self.nonce)
+        w.blob(self.mac)
+
+    @classmethod
+    def _read(cls, r: _Reader) -> Auth:
+        nonce = r.blob("nonce")
+        return cls(r.blob("mac"), nonce)
+
+
+Message = Hello | Open | Activations | Token | Release | Error | StepEnd | Auth
 _CLASSES: dict[int, type[Message]] = {
-    cls.KIND: cls for cls in (Hello, Open, Activations, Token, Release, Error, StepEnd)}
+    cls.KIND: cls for cls in (Hello, Open, Activations, Token, Release, Error, StepEnd, Auth)}
 
 
 # -- the codec

@@ -35,9 +35,12 @@ def stage_argv(model: os.PathLike[str] | str, layers: tuple[int, int], listen: s
 class StageProcess:
     """One `skippy stage` child; `port` is what it bound (ask for port 0 to let the OS choose)."""
 
-    def __init__(self, argv: list[str], *, netns: str | None = None, timeout: float = 120.0) -> None:
+    def __init__(self, argv: list[str], *, netns: str | None = None, timeout: float = 120.0,
+                 env: dict[str, str] | None = None) -> None:
         self.argv = (["ip", "netns", "exec", netns] if netns else []) + argv
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True)
+        # env: e.g. the stage secret, passed through the environment to stay out of the process list
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL, text=True,
+                                     env=None if env is None else {**os.environ, **env})
         self.host, self.port = self._wait_ready(timeout)
 
     def _wait_ready(self, timeout: float) -> tuple[str, int]:
@@ -80,14 +83,20 @@ class StageProcess:
 
 
 def launch_stages(model: os.PathLike[str] | str, splits: Sequence[tuple[int, int]], *, host: str = "127.0.0.1",
-                  options: Sequence[str] = (), timeout: float = 120.0) -> list[StageProcess]:
+                  options: Sequence[str] = (), timeout: float = 120.0,
+                  secret: str | None = None) -> list[StageProcess]:
     """Start stages 1..K-1 of `splits` (the last first: each needs its next's port); returns them
-    in pipeline order. Stage 0 is the caller's (it serves the requests)."""
+    in pipeline order. Stage 0 is the caller's (it serves the requests). `secret` reaches the
+    stages as $SKIPPY_STAGE_SECRET (never on their command line)."""
+    from ._auth import ENV_VAR
+
+    env = {ENV_VAR: secret} if secret is not None else None
     started: list[StageProcess] = []
     next_addr = None
     try:
         for layers in reversed(list(splits)[1:]):
-            stage = StageProcess(stage_argv(Path(model), tuple(layers), f"{host}:0", next_addr, options), timeout=timeout)
+            stage = StageProcess(stage_argv(Path(model), tuple(layers), f"{host}:0", next_addr, options), timeout=timeout,
+                                 env=env)
             started.append(stage)
             next_addr = stage.addr
     except BaseException:

@@ -36,6 +36,7 @@ from ..kv import Ledger
 from ..native import Model
 from ..runtime import ContextRuntime, Sampled, file_digest
 from ..sampling import Sampler
+from ._auth import say_hello
 from ._frames import Activations, Error, FrameError, Hello, Message, Open, Release, StepEnd, Token
 from ._microbatch import SESSION_ENDING, split_step
 from ._transport import FrameStream, StageDisconnected, connect
@@ -78,8 +79,10 @@ class _LinkSession:
                     nursery.start_soon(self._send)
                     await self._receive()
                     nursery.cancel_scope.cancel()
-            except (StageDisconnected, FrameError, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                self.fail(StageUnavailableError(f"the pipeline below stage 0 ({self.where}) is gone: {exc}"))
+            # except*: the nursery wraps a task's error in a group (a reset from a killed stage is one)
+            except* (StageDisconnected, FrameError, trio.BrokenResourceError, trio.ClosedResourceError) as group:
+                self.fail(StageUnavailableError(f"the pipeline below stage 0 ({self.where}) is gone: "
+                                                f"{group.exceptions[0]}"))
         self.fail(StageUnavailableError(f"the pipeline below stage 0 ({self.where}) closed the connection"))
         with trio.CancelScope(shield=True):
             await self.stream.aclose()
@@ -133,8 +136,10 @@ class _LinkSession:
 class PipelineLink:
     """Stage 0's end of the chain: one session at a time, connected on demand."""
 
-    def __init__(self, next_addr: tuple[str, int], hello: Hello, *, connect_timeout: float = 10.0) -> None:
+    def __init__(self, next_addr: tuple[str, int], hello: Hello, *, connect_timeout: float = 10.0,
+                 secret: bytes | None = None) -> None:
         self.next_addr, self.hello, self.connect_timeout = next_addr, hello, connect_timeout
+        self.secret = secret  # the stage secret: proven to stage 1, and stage 1 must prove it (see _auth)
         self.session: _LinkSession | None = None
         self.token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
@@ -162,8 +167,7 @@ class PipelineLink:
             with trio.fail_after(self.connect_timeout):
                 stream = await connect(host, port)
                 try:
-                    await stream.send(self.hello)
-                    reply = await stream.receive()
+                    reply = await say_hello(stream, self.hello, self.secret, where)
                 except BaseException:
                     await trio.aclose_forcefully(stream)
                     raise
@@ -400,9 +404,11 @@ def parse_addr(text: str) -> tuple[str, int]:
 @asynccontextmanager
 async def open_pipeline(model: Any, layer_end: int, next_addr: tuple[str, int], *, micro_batches: int | None = None,
                         wire_dtype: str = "f32", connect_timeout: float = 10.0, groups: int = 1,
-                        **config: Any) -> AsyncIterator[Any]:
+                        secret: bytes | None = None, **config: Any) -> AsyncIterator[Any]:
     """An Engine whose stage 0 holds layers [0, layer_end) and whose later stages listen from
     `next_addr` on. Lanes and cells are the fewest any stage holds, learnt from the chain.
+    With `secret` (the stages' shared secret, see skippy.staged._auth) stage 0 proves it to
+    stage 1 and refuses a stage 1 that cannot prove it back.
 
     `groups` > 1 splits the sessions, lanes and stage-0 cells across that many engines over
     the same link (see skippy.staged._groups): their steps interleave in the pipeline."""
@@ -427,7 +433,7 @@ async def open_pipeline(model: Any, layer_end: int, next_addr: tuple[str, int], 
         if not local_model.returns_hidden:
             raise InvalidInputError(f"stage 0 with layers [0, {layer_end}) is the whole model: nothing to hand down")
         hello = Hello(0, 1, 0, layer_end, local_model.n_layer, local_model.n_embd, file_digest(path))
-        link = PipelineLink(next_addr, hello, connect_timeout=connect_timeout)
+        link = PipelineLink(next_addr, hello, connect_timeout=connect_timeout, secret=secret)
         below = await link.probe()  # before any nursery: a refusal raises as itself
         lanes = min(cfg.n_seq_max or below.lanes, below.lanes)
         if lanes < groups:

@@ -1,8 +1,10 @@
 """A stage after the first: its own layers, context, lanes and scheduler, served over TCP.
 
-One upstream session at a time (the newest connection wins: a restarted stage 0 must not
-wait for a dead one's socket). A session is a chain: on Hello the stage connects to the next
-stage, and whatever breaks (either neighbour gone, a malformed frame) ends the session here,
+One upstream session at a time (the newest admitted connection wins: a restarted stage 0
+must not wait for a dead one's socket). A connection is admitted once its Hello checks out:
+with a stage secret, upstream proved it (see _auth), and its model and layers match; a peer
+refused there is logged and displaces nothing. A session is a chain: on Hello the stage
+connects to the next stage, and whatever breaks (either neighbour gone, a malformed frame) ends the session here,
 which ends it upstream too; every cell the session held is freed. The stage itself keeps
 serving: the next Hello starts a fresh session, so the pipeline recovers when a stage returns.
 
@@ -29,11 +31,14 @@ from ..native import Batch, Context, Model
 from ..runtime import file_digest
 from ..sampling import SamplingParams, pick
 from ..scheduling.lanes import LanePlan
-from ._frames import Activations, Error, FrameError, Hello, Open, Release, StepEnd, Token
+from ._auth import check_upstream, say_hello, send_refusal
+from ._frames import DEFAULT_MAX_FRAME_BYTES, Activations, Error, FrameError, Hello, Open, Release, StepEnd, Token
 from ._microbatch import SESSION_ENDING, NoLaneError, ReplyOrder, StageLanes, UnknownRequestError
 from ._transport import FrameStream, StageDisconnected, connect
 
-HELLO_TIMEOUT_S = 30.0
+HELLO_TIMEOUT_S = 30.0  # for a whole handshake (Hello and, with a secret, the proof)
+HANDSHAKE_MAX_FRAME_BYTES = 64 << 10  # before a peer is admitted it may not make the stage buffer more
+MAX_HANDSHAKES = 64  # connections still in their handshake; more are dropped at once
 INBOX_FRAMES = 256  # frames read ahead from upstream; past it TCP pushes back on the stage above
 
 
@@ -120,26 +125,47 @@ class _MicroBatch:
 
 class StageServer:
     def __init__(self, runtime: StageRuntime, next_addr: tuple[str, int] | None, *,
-                 connect_timeout: float = 10.0, on_session_end: Any = None) -> None:
+                 connect_timeout: float = 10.0, on_session_end: Any = None, secret: bytes | None = None) -> None:
         self.runtime = runtime
         self.on_session_end = on_session_end  # called with a SessionStats
         self.next_addr = next_addr
         self.connect_timeout = connect_timeout
+        self.secret = secret  # the stage secret (see _auth): upstream must prove it, and so must the next stage
         self._lock = trio.Lock()
         self._scope: trio.CancelScope | None = None
+        self._admitting = 0
         self.sessions = 0
+        self.refused = 0
 
     async def handle(self, stream: trio.abc.Stream) -> None:
-        """One upstream connection; a newer one cancels it (a restarted stage 0 wins)."""
+        """One upstream connection. Only once its Hello checks out (the secret proven, the model and
+        layers matching) does it cancel the current session: the newest *good* connection wins (a
+        restarted stage 0 must not wait for a dead one's socket; a stranger must not displace it)."""
+        up = FrameStream(stream, max_frame_bytes=HANDSHAKE_MAX_FRAME_BYTES)
+        if self._admitting >= MAX_HANDSHAKES:
+            logger.warning("stage {}: {} handshakes already pending: dropping {}", self.runtime.layers,
+                           self._admitting, _peer(up))
+            await trio.aclose_forcefully(up)
+            return
+        self._admitting += 1
+        try:
+            hello = await self._admit(up)
+        finally:
+            self._admitting -= 1
+        if hello is None:
+            self.refused += 1
+            with trio.CancelScope(shield=True):
+                await up.aclose()
+            return
+        up.max_frame_bytes = DEFAULT_MAX_FRAME_BYTES
         if self._scope is not None:
             self._scope.cancel()
-        up = FrameStream(stream)
         async with self._lock:
             with trio.CancelScope() as self._scope:
                 self.sessions += 1
                 session = _UpstreamSession(self, up)
                 try:
-                    await session.run()
+                    await session.run(hello)
                 except (StageDisconnected, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
                     logger.info("stage {}: session ended: {}", self.runtime.layers, exc)
                 except Exception as exc:  # a bug in one session must not take the stage down
@@ -151,6 +177,37 @@ class StageServer:
                         await up.aclose()
                     if self.on_session_end is not None and session.stats.decodes:
                         self.on_session_end(session.stats)
+
+    async def _admit(self, up: FrameStream) -> Hello | None:
+        """Upstream's Hello, authenticated and matching this stage; None (refused, logged) otherwise."""
+        peer = _peer(up)
+        refusal: Error | None = None
+        try:
+            with trio.fail_after(HELLO_TIMEOUT_S):
+                hello = await up.receive()
+                if not isinstance(hello, Hello):
+                    refusal = Error(0, "bad_hello", f"expected Hello first, got {type(hello).__name__}")
+                else:
+                    refusal = await check_upstream(up, hello, self.secret, peer)
+        except FrameError as exc:
+            refusal = Error(0, "bad_frame", f"a malformed frame in the handshake: {exc}")
+        except trio.TooSlowError:
+            logger.warning("stage {}: refused {}: no handshake within {} s", self.runtime.layers, peer,
+                           HELLO_TIMEOUT_S)
+            return None
+        except (StageDisconnected, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
+            logger.info("stage {}: {} left during the handshake: {}", self.runtime.layers, peer, exc)
+            return None
+        if refusal is None:
+            assert isinstance(hello, Hello)
+            problem = _mismatch(hello, self.runtime)
+            if problem is None:
+                return hello
+            refusal = Error(0, "bad_hello", problem)
+        if refusal.code != "unauthenticated":  # check_upstream logged those
+            logger.warning("stage {}: refusing a session from {}: {}", self.runtime.layers, peer, refusal.message)
+        await send_refusal(up, refusal)
+        return None
 
 
 class _UpstreamSession:
@@ -166,9 +223,9 @@ class _UpstreamSession:
         self.up_lock = trio.Lock()
         self.stats = SessionStats(self.rt.layers)
 
-    async def run(self) -> None:
+    async def run(self, hello: Hello) -> None:
         try:
-            if not await self._greet():
+            if not await self._greet(hello):
                 return
             async with trio.open_nursery() as nursery:
                 inbox_tx, inbox_rx = trio.open_memory_channel(INBOX_FRAMES)
@@ -185,30 +242,17 @@ class _UpstreamSession:
 
     # -- the handshake: check the neighbour, reach the next stage, say what the rest can hold
 
-    async def _greet(self) -> bool:
+    async def _greet(self, hello: Hello) -> bool:
+        """Upstream's Hello was admitted (StageServer._admit): reach the next stage, answer with what the rest holds."""
         rt = self.rt
-        hello = None
-        try:
-            with trio.move_on_after(HELLO_TIMEOUT_S):
-                hello = await self.up.receive()
-        except FrameError as exc:
-            await self._refuse(f"a malformed first frame: {exc}", code="bad_frame")
-            return False
-        if not isinstance(hello, Hello):
-            await self._refuse(f"expected Hello first, got {type(hello).__name__}")
-            return False
-        problem = _mismatch(hello, rt)
-        if problem:
-            await self._refuse(problem)
-            return False
         lanes, cells, end, n_stages = rt.lanes, rt.cells, rt.layers[1], hello.stage + 2
         if self.server.next_addr is not None:
             host, port = self.server.next_addr
             try:
                 with trio.fail_after(self.server.connect_timeout):
                     self.down = await connect(host, port)
-                    await self.down.send(rt.hello(hello.stage + 1, hello.stage + 2, rt.layers[1], 0, 0))
-                    reply = await self.down.receive()
+                    reply = await say_hello(self.down, rt.hello(hello.stage + 1, hello.stage + 2, rt.layers[1], 0, 0),
+                                            self.server.secret, f"{host}:{port}")
             except (OSError, StageDisconnected, FrameError, trio.TooSlowError) as exc:
                 await self._refuse(f"stage {hello.stage + 2} at {host}:{port} is unreachable: {exc}",
                                    code="stage_unreachable")
@@ -467,10 +511,11 @@ def _peer(stream: FrameStream) -> str:
 
 
 async def serve_stage(runtime: StageRuntime, host: str, port: int, next_addr: tuple[str, int] | None = None, *,
-                      on_session_end: Any = None,
+                      on_session_end: Any = None, secret: bytes | None = None,
                       task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
-    """Serve `runtime` on host:port until cancelled; `task_status` gets the bound port."""
-    server = StageServer(runtime, next_addr, on_session_end=on_session_end)
+    """Serve `runtime` on host:port until cancelled; `task_status` gets the bound port. With `secret`,
+    upstream must prove it (and the next stage too) before anything else happens (see _auth)."""
+    server = StageServer(runtime, next_addr, on_session_end=on_session_end, secret=secret)
     listeners = await trio.open_tcp_listeners(port, host=host)
     bound = listeners[0].socket.getsockname()[1]
     logger.info("stage {} listening on {}:{}{}", runtime.layers, host, bound,

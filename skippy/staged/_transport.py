@@ -39,6 +39,15 @@ class FrameStream(trio.abc.AsyncResource):
         self._lost_sync: FrameError | None = None
 
     @property
+    def max_frame_bytes(self) -> int:
+        """The largest frame received or sent; raised once a peer is admitted (a stage keeps it small before)."""
+        return self._max_frame_bytes
+
+    @max_frame_bytes.setter
+    def max_frame_bytes(self, value: int) -> None:
+        self._max_frame_bytes = value
+
+    @property
     def stream(self) -> trio.abc.Stream:
         """The underlying stream (e.g. for the peer's address)."""
         return self._stream

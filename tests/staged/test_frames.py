@@ -15,6 +15,7 @@ from skippy.errors import InvalidInputError
 from skippy.staged import (
     HEADER_SIZE,
     Activations,
+    Auth,
     StepEnd,
     Error,
     FrameError,
@@ -42,7 +43,7 @@ def activations(dtype=np.float32, n_tokens: int = 3, n_embd: int = 4, **fields) 
     return Activations(positions=np.arange(10, 10 + n_tokens, dtype=np.int32), hidden=hidden.astype(dtype), **fields)
 
 
-def header(kind: int, length: int, magic: bytes = b"SKPF", version: int = 2) -> bytes:
+def header(kind: int, length: int, magic: bytes = b"SKPF", version: int = 3) -> bytes:
     return HEADER.pack(magic, version, kind, length)
 
 
@@ -67,6 +68,9 @@ EXAMPLES = {
     "step-end": StepEnd(U64_MAX, 3),
     "release": Release(U64_MAX, "cancelled by client — 😴"),
     "error-global": Error(0, "oom", "stage 2 ran out of KV cells"),
+    "hello-nonce": Hello(0, 2, 0, 3, 6, 128, "d", nonce=bytes(range(32))),
+    "auth-challenge": Auth(b"\x01" * 32, b"\x02" * 32),
+    "auth-proof": Auth(b"\xff" * 32),
 }
 
 
@@ -173,6 +177,8 @@ BAD_PAYLOADS = {
     "hello-stage": (Kind.HELLO, _patched(EXAMPLES["hello"], 0, 3), "stage 3 of 3 stages"),
     "hello-empty-range": (Kind.HELLO, _patched(EXAMPLES["hello"], 12, 2), "layers \\[2, 2\\) of 6"),
     "error-missing-message": (Kind.ERROR, struct.pack("<QI", 0, 3) + b"oom", "message length needs 4 bytes"),
+    "auth-short-mac": (Kind.AUTH, struct.pack("<II", 0, 3) + b"abc", "Auth.mac: expected bytes of length 32"),
+    "auth-huge-length": (Kind.AUTH, struct.pack("<I", 2**32 - 1), "nonce needs 4294967295 bytes"),
 }
 
 
@@ -202,6 +208,9 @@ BAD_VALUES = {
     "params-nan": (lambda: encode(Open(1, {"t": float("nan")})), "not plain JSON"),
     "params-object": (lambda: encode(Open(1, {"t": object()})), "not plain JSON"),
     "lone-surrogate": (lambda: encode(Release(1, "\ud800")), "not encodable as UTF-8"),
+    "short-nonce": (lambda: Hello(0, 1, 0, 1, 2, 4, "d", nonce=b"x" * 31), "Hello.nonce: expected bytes of length 0 or 32"),
+    "mac-missing": (lambda: Auth(b""), "Auth.mac: expected bytes of length 32, got 0"),
+    "mac-text": (lambda: Auth("x" * 32), "Auth.mac: .* got str"),
     "not-a-message": (lambda: encode("hello"), "not a frame message"),
 }
 
@@ -249,6 +258,7 @@ messages = st.one_of(
     st.builds(Token, u64, u32, u32, st.none() | texts),
     st.builds(Release, u64, texts),
     st.builds(Error, u64, texts, texts),
+    st.builds(Auth, st.binary(min_size=32, max_size=32), st.sampled_from([b"", bytes(32)])),
 )
 
 
