@@ -154,18 +154,26 @@ QWEN3NEXT_FULL_ATTENTION_INTERVAL = 2  # the synthetic model's; layer i is atten
 
 
 def boundary_rule(
-    family: str, *, full_attention_interval: int = QWEN3NEXT_FULL_ATTENTION_INTERVAL
+    family: str, *, full_attention_interval: int = QWEN3NEXT_FULL_ATTENTION_INTERVAL,
+    recurrent_layers: Sequence[bool] | None = None,
 ) -> Callable[[int], bool]:
     """Where a family's model may be cut (a boundary b puts layer b first in its stage).
 
     qwen3next: only right after a full-attention layer, so every stage holds whole
     [recurrent..., attention] groups and so both memory components (per-sequence recurrent
     state and attention cells); its admission then counts the same kinds as its neighbours'.
+    Which layers those are is the model's own: `recurrent_layers` (one flag per layer, as
+    staged._layout reads them from the GGUF) when given, else every `full_attention_interval`-th.
     falcon-h1: every layer runs attention and a Mamba2 mixer side by side, so every layer
     boundary already leaves both memory kinds on each side: any cut is fine.
     Every other known family is attention-only per layer (dense, MLA, ISWA): any cut.
     """
     if family == "qwen3next":
+        if recurrent_layers is not None:
+            flags = tuple(recurrent_layers)
+            return lambda boundary: 0 < boundary <= len(flags) and not flags[boundary - 1]
+        if full_attention_interval < 1:
+            raise SplitError(f"full_attention_interval must be >= 1, got {full_attention_interval}")
         return lambda boundary: boundary % full_attention_interval == 0
     if family in ARCH_CLASSES or family in PINNED_SPLITS:
         return lambda boundary: True

@@ -12,7 +12,7 @@ import pytest
 
 from skippy.native import Context, ContextOptions, Model
 
-from .lockstep import Seq, alone, run
+from skippy._lockstep import Seq, alone, run
 
 pytestmark = pytest.mark.invariance
 

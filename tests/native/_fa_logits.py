@@ -13,10 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "invariance"))
-from lockstep import Seq, run  # noqa: E402
-
-from skippy.native import Context, ContextOptions, Model  # noqa: E402
+from skippy._lockstep import Seq, run
+from skippy.native import Context, ContextOptions, Model
 
 
 def main(path: str, invariant: bool, n_ubatch: int) -> None:

@@ -1,4 +1,5 @@
-"""A tiny greedy lock-step driver over one Context: the scenarios of the invariance tests.
+"""A tiny greedy lock-step driver over one Context: the scenarios of the batch-invariance
+self-check (skippy.check) and of the invariance tests.
 
 Every sequence records the logits row it sampled each token from, so a scenario can be
 compared bit for bit with the same prompt run alone.
