@@ -31,6 +31,7 @@ from .runtime import ContextRuntime, Runtime
 from .sampling import SamplingParams
 from .scheduling.admission import Admission, fcfs_priority
 from .scheduling.lanes import LanePlan
+from .scheduling.logprobs import MAX_TOP
 from .scheduling.preemption import Preemption, VictimOrder
 from .scheduling.prefix import PrefixCache
 from .scheduling.requests import Request, TokenEvent, cancelled_event, validate
@@ -66,6 +67,11 @@ class EngineConfig:
     # the default kernels, prefill slower (one-row attention instead of the tiled kernel, and
     # no repacked weights); see the issue note for the figures.
     batch_invariant: bool = True
+    # The batch-invariance self-check (skippy.check) of the model on this build, when batch_invariant:
+    # "cached" reads a stored verdict only (opens stay fast; none: unverified), "run" runs the check
+    # when none is stored (seconds on a small model), "require" also refuses a model that fails
+    # (InvarianceError), "off" skips it. The verdict is Engine.invariance and /metrics' skippy_batch_invariant.
+    verify_invariance: str = "cached"
     # Stall-free steps (scheduling.budget): a step that carries decodes takes only as much prefill as
     # keeps it within this many ms (its measured cost model decides); None: four decode-only steps
     # (scheduling.budget.DEFAULT_STALL_FACTOR), 0: no budget (every step may fill n_batch).
@@ -75,6 +81,10 @@ class EngineConfig:
     # tokens are routed and streamed, so Python work runs while the model computes). Same outputs.
     overlap_steps: bool = True
     on_step: Callable[[StepReport], None] | None = None
+    # Layers a GPU holds when the model is opened from a path (-1: all; needs `skippy build --cuda`;
+    # a CPU build runs them on the CPU). Batch invariance is then the self-check's verdict
+    # (Engine.invariance, run at open), not a guarantee.
+    n_gpu_layers: int = 0
 
 
 def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
@@ -87,12 +97,15 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
 
         ensure_built(progress=False)
         # repacked weights use kernels that are not batch-invariant, so invariant engines load without them
-        m, own = Model(resolve_model(model), repack=not cfg.batch_invariant), True
+        m, own = Model(resolve_model(model), repack=not cfg.batch_invariant, n_gpu_layers=cfg.n_gpu_layers), True
     elif isinstance(model, Model):
         m, own = model, False
         if cfg.batch_invariant and m.repack:
             logger.warning("{} was loaded with repacked weights, whose kernels are not batch-invariant: "
                            "load it with Model(path, repack=False) for exact-output parity", m.path.name)
+        if cfg.n_gpu_layers and cfg.n_gpu_layers != m.n_gpu_layers:  # a loaded Model keeps its own
+            logger.warning("n_gpu_layers={} is ignored: {} was loaded with n_gpu_layers={}", cfg.n_gpu_layers,
+                           m.path.name, m.n_gpu_layers)
     else:
         raise InvalidInputError(f"open_engine takes a GGUF path, a model name or a Model, got {type(model).__name__}; "
                                 "a ready Runtime goes through open_engine_on(runtime, lanes)")
@@ -105,7 +118,23 @@ def _open_runtime(model: Any, cfg: EngineConfig) -> tuple[Runtime, LanePlan]:
         raise
     logger.info("engine: {} n_ctx={} n_batch={} ceiling={} ({})", m.arch, runtime.n_ctx, runtime.n_batch,
                 plan.ceiling, plan.reason)
+    _note_offload(m, cfg)
     return runtime, plan
+
+
+def _note_offload(model: Any, cfg: EngineConfig) -> None:
+    """Say where the layers run: skippy makes its CPU kernels batch-invariant, not a GPU's."""
+    from .native._devices import offloads
+
+    if not model.n_gpu_layers:
+        return
+    if not offloads(model.n_gpu_layers):
+        logger.info("n_gpu_layers={}: this native build has no GPU device; every layer runs on the CPU",
+                    model.n_gpu_layers)
+    elif cfg.batch_invariant:
+        logger.warning("{}: n_gpu_layers={} puts layers on a GPU, whose kernels are not made batch-invariant: "
+                       "outputs may depend on the batch; Engine.invariance holds the self-check's verdict",
+                       model.path.name, model.n_gpu_layers)
 
 
 def plan_engine(model: Any, cfg: EngineConfig, *, measure: bool = True, cells_cap: int | None = None,
@@ -257,8 +286,10 @@ class Policies:
 
 def build_policies(runtime: Runtime, cfg: EngineConfig, plan: LanePlan) -> Policies:
     scheduler = StepScheduler(runtime.n_batch, cfg.decode_reserve, runtime.ledger(), _prefix_cache(runtime, cfg, plan),
-                              budget=_token_budget(runtime.n_batch, cfg), overlap=bool(cfg.overlap_steps))
-    return Policies(Admission(plan.ceiling, cfg.max_waiting, cfg.decode_reserve, cfg.priority_key),
+                              budget=_token_budget(runtime.n_batch, cfg), overlap=bool(cfg.overlap_steps),
+                              exact=bool(getattr(runtime, "share_exact", False)))
+    exact = bool(getattr(runtime, "share_exact", False))
+    return Policies(Admission(plan.ceiling, cfg.max_waiting, cfg.decode_reserve, cfg.priority_key, exact),
                     Preemption(cfg.victim_policy, cfg.max_preemptions), scheduler)
 
 
@@ -287,25 +318,22 @@ class Engine:
         self.config = cfg
         self.lanes = plan
         self.pipeline = pipeline  # a pipeline's stage 0: what it learnt from the chain (staged.PipelineInfo)
+        self.invariance: Any = None  # the batch-invariance check's CheckResult (skippy.check); None: unverified
         self._ids = itertools.count()
         self._live: dict[int, tuple[Request, trio.MemorySendChannel]] = {}
         self._closed = False
         self._runtime_tx, runtime_rx = trio.open_memory_channel(math.inf)
-        self._admission_tx, admission_rx = trio.open_memory_channel(math.inf)
         self._composer_tx, composer_rx = trio.open_memory_channel(math.inf)
-        self._preemption_tx, preemption_rx = trio.open_memory_channel(math.inf)
         self.worker = Worker()
         self._policies = build_policies(runtime, cfg, plan)
         self._owner = RuntimeOwner(runtime, self.worker, runtime_rx)
-        self._admission = AdmissionActor(self._policies.admission, admission_rx, self._composer_tx)
-        self._preemption = PreemptionActor(self._policies.preemption, preemption_rx, self._owner, self._admission)
+        self._admission = AdmissionActor(self._policies.admission, self._composer_tx)
+        self._preemption = PreemptionActor(self._policies.preemption, self._owner, self._admission)
         self._composer = ComposerActor(self._policies.scheduler, composer_rx, self._owner, self._admission,
                                        self._preemption, cfg.on_step)
 
     def _start(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._owner.run, name="skippy.runtime_owner")
-        nursery.start_soon(self._admission.run, name="skippy.admission")
-        nursery.start_soon(self._preemption.run, name="skippy.preemption")
         nursery.start_soon(self._composer.run, name="skippy.composer")
 
     # -- public -----------------------------------------------------------------------
@@ -319,15 +347,50 @@ class Engine:
         stop: str | Sequence[str] = (),
         priority: int = 0,
         ignore_eos: bool = False,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+        grammar: Any = None,
     ) -> GenerationStream:
         """Queue a generation now; iterate the result for its TokenEvents.
+
+        `logprobs=k` (0..20) puts each sampled token's TokenLogprob (with its k most likely alternatives)
+        on its event; `prompt_logprobs=k` scores the prompt too (the first event carries a TokenLogprob per
+        prompt token after the first; such a request computes its whole prompt, never sharing a prefix),
+        and allows `max_tokens=0`: the prompt scored, nothing generated. Both are the raw model's
+        log-softmax (before penalties, bias and temperature).
 
         Bad input raises here (named InvalidInputError subclasses); a full queue raises
         OverloadedError from the first iteration (or from `await stream.queued()`).
         `ignore_eos=True` keeps generating past end-of-generation tokens (benchmarks).
+        `grammar` (a skippy.constrain.Grammar, from `constrain.compile_grammar(engine.runtime, spec)`)
+        constrains the output: each choice gets its own matcher.
         """
+        return self.generate_choices(prompt, sampling, n=1, max_tokens=max_tokens, stop=stop, priority=priority,
+                                     ignore_eos=ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
+                                     grammar=grammar)[0]
+
+    def generate_choices(
+        self,
+        prompt: str | Sequence[int] | np.ndarray,
+        sampling: SamplingParams | Mapping[str, Any] | None = None,
+        *,
+        n: int,
+        max_tokens: int = 64,
+        stop: str | Sequence[str] = (),
+        priority: int = 0,
+        ignore_eos: bool = False,
+        logprobs: int | None = None,
+        prompt_logprobs: int | None = None,
+        grammar: Any = None,
+    ) -> list[GenerationStream]:
+        """`n` choices of one prompt (OpenAI's `n`), a stream each: the prompt is computed once and its
+        cells shared by every choice (scheduling.forks). Choice i samples with seed + i when a seed is
+        given, so it equals the same request with n=1 and that seed. Only choice 0 scores the prompt
+        (`prompt_logprobs`). Cancel every stream to cancel the request."""
         if self._closed:
             raise EngineClosedError("the engine is closed")
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise InvalidInputError(f"n must be an integer >= 1, got {n!r}")
         if isinstance(sampling, Mapping):
             sampling = SamplingParams(**sampling)
         sampling = sampling or SamplingParams()
@@ -338,18 +401,31 @@ class Engine:
             raise InvalidInputError("stop must be a string or a sequence of strings")
         if not isinstance(priority, int):
             raise InvalidInputError(f"priority must be an integer, got {priority!r}")
+        for name, k in (("logprobs", logprobs), ("prompt_logprobs", prompt_logprobs)):
+            if k is not None and (isinstance(k, bool) or not isinstance(k, int) or not 0 <= k <= MAX_TOP):
+                raise InvalidInputError(f"{name} must be an integer in [0, {MAX_TOP}] or None, got {k!r}")
         tokens = self.runtime.tokenize(prompt) if isinstance(prompt, str) else prompt
-        tokens = validate(tokens, max_tokens, self.runtime.n_ctx, self.runtime.n_vocab)
-        rid = next(self._ids)
-        request = Request(rid, tokens, int(max_tokens), sampling, priority, stops, arrival=rid,
-                          ignore_eos=bool(ignore_eos))
-        events_tx, events_rx = trio.open_memory_channel(math.inf)
-        request.sink = events_tx
-        submit_tx, submit_rx = trio.open_memory_channel(1)
-        self._live[rid] = (request, submit_tx)
-        self._admission.submit(request, submit_tx)
+        tokens = validate(tokens, max_tokens, self.runtime.n_ctx, self.runtime.n_vocab,
+                          scoring=prompt_logprobs is not None and n == 1)
+        streams: list[GenerationStream] = []
+        parent: Request | None = None
+        for i in range(n):
+            rid = next(self._ids)
+            params = sampling if i == 0 or sampling.seed is None else attrs.evolve(sampling, seed=sampling.seed + i)
+            request = Request(rid, tokens, int(max_tokens), params, priority, stops, arrival=rid,
+                              ignore_eos=bool(ignore_eos), logprobs=logprobs,
+                              prompt_logprobs=prompt_logprobs if i == 0 else None, fork_of=parent, choice=i)
+            if grammar is not None:  # its own matcher per choice (skippy.constrain)
+                request.sampler.constraint = grammar.constraint()
+            parent = parent or request
+            events_tx, events_rx = trio.open_memory_channel(math.inf)
+            request.sink = events_tx
+            submit_tx, submit_rx = trio.open_memory_channel(1)
+            self._live[rid] = (request, submit_tx)
+            self._admission.submit(request, submit_tx)
+            streams.append(GenerationStream(self, request, events_rx, submit_rx))
         self._composer.unpark()
-        return GenerationStream(self, request, events_rx, submit_rx)
+        return streams
 
     @property
     def n_ctx(self) -> int:
@@ -365,14 +441,19 @@ class Engine:
     def has_chat_template(self) -> bool:
         return getattr(self.runtime, "model", None) is not None
 
-    def chat_tokens(self, messages: Sequence[Mapping[str, Any]]) -> np.ndarray:
-        """Chat messages through the GGUF's own template, ready to generate from (an assistant turn opened).
+    def chat_tokens(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence[Mapping[str, Any]] | None = None,
+                    template_kwargs: Mapping[str, Any] | None = None) -> np.ndarray:
+        """Chat messages through the GGUF's own template (Jinja, skippy.chat_template), ready to generate
+        from (an assistant turn opened); `tools` (OpenAI's function tools) rendered as the template expects,
+        `template_kwargs` passed to it.
 
         Raises InvalidInputError when the runtime has no model (a fake) or the template refuses them."""
+        from .chat_template import render, strip_bos
+
         model = getattr(self.runtime, "model", None)
         if model is None:
             raise InvalidInputError("this engine has no model with a chat template")
-        text = model.apply_chat_template(messages, add_assistant=True)
+        text = strip_bos(model, render(model, messages, tools=tools, template_kwargs=template_kwargs))
         return model.tokenizer.tokenize(text, add_special=True, parse_special=True)
 
     def tokenize(self, text: str, add_special: bool = True) -> np.ndarray:
@@ -419,8 +500,25 @@ async def open_engine(model: Any = None, **config: Any) -> AsyncIterator[Engine]
     """Open an engine over `model`: a GGUF path, a real model name, a Model, or None for the default."""
     cfg = EngineConfig(**config)
     runtime, plan = _open_runtime(model, cfg)
+    try:
+        invariance = await _verify_invariance(runtime, cfg)
+    except BaseException:
+        runtime.close()
+        raise
     async with _serve(runtime, cfg, plan, None) as engine:
+        engine.invariance = invariance
         yield engine
+
+
+async def _verify_invariance(runtime: ContextRuntime, cfg: EngineConfig) -> Any:
+    """The model's batch-invariance verdict per cfg.verify_invariance (skippy.check.verify_at_open),
+    in a thread: running the check takes seconds."""
+    if cfg.verify_invariance == "off":
+        return None
+    from .check import verify_at_open
+
+    return await trio.to_thread.run_sync(lambda: verify_at_open(runtime.model, runtime.ctx.options,
+                                                                cfg.verify_invariance, invariant=cfg.batch_invariant))
 
 
 @asynccontextmanager

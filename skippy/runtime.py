@@ -20,6 +20,7 @@ from .kv import Ledger
 from .native import Batch, Context, ContextOptions, Model
 from .native._source import sha256_file
 from .sampling import Sampler
+from .scheduling.logprobs import LogitRows, RowLogprobs, compute as compute_logprobs
 from .scheduling.prefix import identity_seed
 
 # Context settings that do not change what a KV cell holds (sizes and threading); every other
@@ -43,6 +44,7 @@ class Sampled:
 
     tokens: np.ndarray
     t_decode: float  # seconds computing the batch (for a pipeline: until the last stage answered)
+    logprobs: RowLogprobs | None = None  # only when the step's rows asked for them
 
 
 class Runtime(Protocol):
@@ -59,7 +61,9 @@ class Runtime(Protocol):
 
     def decode_sample(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
                       samplers: Sequence[Sampler]) -> Sampled:
-        """One step; on failure no sampler has drawn (its RNG is where it was)."""
+        """One step; on failure no sampler has drawn (its RNG is where it was). A runtime that holds the
+        logits also takes `rows=` (scheduling.logprobs.LogitRows, passed only when a request asked for
+        logprobs): which output rows are sampled, which score prompt tokens."""
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool: ...
 
@@ -81,12 +85,16 @@ class Runtime(Protocol):
 
 
 def decode_then_sample(decode, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
-                       samplers: Sequence[Sampler]) -> Sampled:
-    """The step of a runtime that holds the logits: decode, then sample each output row."""
+                       samplers: Sequence[Sampler], rows: LogitRows | None = None) -> Sampled:
+    """The step of a runtime that holds the logits: decode, then sample each output row (with `rows`: the
+    sampled ones, then the logprobs asked, from the same raw rows, before the next decode replaces them)."""
     t0 = time.perf_counter()
     logits = decode(tokens, positions, seq_ids, outputs)
     t1 = time.perf_counter()
-    return Sampled(sample_rows(logits, samplers), t1 - t0)
+    if rows is None:
+        return Sampled(sample_rows(logits, samplers), t1 - t0)
+    sampled = sample_rows(logits[rows.sample], samplers)
+    return Sampled(sampled, t1 - t0, compute_logprobs(logits, rows, sampled))
 
 
 class ContextRuntime:
@@ -116,8 +124,8 @@ class ContextRuntime:
         return self.ctx.decode(self._batch.set(tokens, positions, seq_ids, outputs))
 
     def decode_sample(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
-                      samplers: Sequence[Sampler]) -> Sampled:
-        return decode_then_sample(self.decode, tokens, positions, seq_ids, outputs, samplers)
+                      samplers: Sequence[Sampler], rows: LogitRows | None = None) -> Sampled:
+        return decode_then_sample(self.decode, tokens, positions, seq_ids, outputs, samplers, rows)
 
     def seq_rm(self, seq_id: int, p0: int = -1, p1: int = -1) -> bool:
         return self.ctx.seq_rm(seq_id, p0, p1)
@@ -173,7 +181,7 @@ class ContextRuntime:
 def sample_rows(logits: np.ndarray, samplers: Sequence[Sampler]) -> np.ndarray:
     """One token per logits row: greedy rows in one vectorised argmax, the rest by their own RNG."""
     out = np.empty(len(samplers), dtype=np.int64)
-    greedy = np.fromiter((s.params.greedy for s in samplers), dtype=bool, count=len(samplers))
+    greedy = np.fromiter((s.greedy for s in samplers), dtype=bool, count=len(samplers))
     if greedy.any():
         idx = np.flatnonzero(greedy)
         out[idx] = np.argmax(logits[idx], axis=1)

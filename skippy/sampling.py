@@ -103,12 +103,30 @@ class Sampler:
         bias = self.params.logit_bias
         self._bias_ids = np.array([t for t, _ in bias], dtype=np.int64)
         self._bias = np.array([b for _, b in bias], dtype=np.float64)
+        # a grammar (skippy.constrain.Constraint): masks the row after shaping, advances once per pick
+        self.constraint: Any = None
+
+    @property
+    def greedy(self) -> bool:
+        """Sampled in sample_rows' vectorised argmax: greedy params and no grammar."""
+        return self.params.greedy and self.constraint is None
 
     def __call__(self, logits: np.ndarray) -> int:
+        if self.constraint is not None:
+            return self._constrained(logits)
         if not self._shapes:
             return pick(logits, self.params, self.draw())
         token = pick(self.shape(logits), self.params, self.draw())
         self._out.append(token)
+        return token
+
+    def _constrained(self, logits: np.ndarray) -> int:
+        """The grammar's mask over the shaped logits, then the pick; the grammar takes the token."""
+        c = self.constraint
+        token = pick(c.mask(self.shape(logits) if self._shapes else logits), self.params, self.draw())
+        c.accept(token)
+        if self._shapes:
+            self._out.append(token)
         return token
 
     def shape(self, logits: np.ndarray) -> np.ndarray:
@@ -148,14 +166,18 @@ class Sampler:
         the same RNG stream and arithmetic as one process, whichever stage holds the logits."""
         return None if self.params.temperature == 0 else float(self._rng.random())
 
-    def state(self) -> tuple[dict, int]:
-        """Where its RNG stream and history stand: a step that failed puts them back (`restore`)."""
+    def state(self) -> tuple:
+        """Where its RNG stream and history (and grammar) stand: a step that failed puts them back (`restore`)."""
+        if self.constraint is not None:
+            return self._rng.bit_generator.state, len(self._out), self.constraint.state()
         return self._rng.bit_generator.state, len(self._out)
 
-    def restore(self, state: tuple[dict, int]) -> None:
-        rng, n_out = state
+    def restore(self, state: tuple) -> None:
+        rng, n_out = state[0], state[1]
         self._rng.bit_generator.state = rng
         del self._out[n_out:]
+        if len(state) > 2 and self.constraint is not None:
+            self.constraint.restore(state[2])
 
 
 def pick(logits: np.ndarray, p: SamplingParams, u: float | None) -> int:

@@ -176,13 +176,13 @@ def server_malformed(job: Job, model: str, n_ctx: int, n_vocab: int) -> tuple[st
         case "wrong_type_prompt":
             body["prompt"] = 12
         case "unsupported_field":  # unknown fields are ignored (as vLLM does); a known one at a value we lack is not
-            body["echo"] = True
+            body["best_of"] = 2
         case "prompt_too_long":
             body["prompt"] = (list(job.prompt) * (n_ctx // len(job.prompt) + 1))[:n_ctx]
         case "negative_seed":
             body["seed"] = -2  # -1 means "no seed"
-        case "n_gt_1":
-            body["n"] = 2
+        case "n_gt_1":  # n > 1 is served (forks); past the limit it is not
+            body["n"] = 10_000
         case "empty_prompt":
             body["prompt"] = ""
         case "unknown_model":

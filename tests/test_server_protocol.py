@@ -35,9 +35,12 @@ def test_chat_renders_roles_and_defaults_to_the_rest_of_the_context():
 
 
 @pytest.mark.parametrize("body,param", [
-    ({"model": "m", "prompt": "x", "n": 3}, "n"),
+    ({"model": "m", "prompt": "x", "n": 0}, "n"),
+    ({"model": "m", "prompt": ["x"] * 5, "n": 30}, "n"),  # 150 choices
+    ({"model": "m", "prompt": "x", "logprobs": 21}, "logprobs"),
+    ({"model": "m", "prompt": "x", "max_tokens": 0}, "max_tokens"),
     ({"model": "m", "prompt": "x", "best_of": 2}, "best_of"),
-    ({"model": "m", "prompt": "x", "echo": True}, "echo"),
+    ({"model": "m", "prompt": "x", "echo": "yes"}, "echo"),
     ({"model": "m", "prompt": "x", "temperature": True}, "temperature"),
     ({"model": "m", "prompt": "x", "max_tokens": 2.5}, "max_tokens"),
     ({"model": "m", "prompt": "x", "stop": ["a"] * 65}, "stop"),

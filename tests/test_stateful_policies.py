@@ -3,7 +3,9 @@
 skippy.testing.SyncScheduler carries out each effect the step yields the way the owning actor
 would, over a FakeRuntime, so every transition explored here is the engine's: admission,
 composition, preemption, cancellation, prefix sharing (resident entries and running sources),
-evict-and-retry, and no-KV-slot recovery. Memory taken by another tenant creates the pressure.
+evict-and-retry, no-KV-slot recovery, requests that score their prompt (echo + logprobs, max_tokens 0
+included) and n > 1 forks sharing their first choice's prompt. Memory taken by another tenant creates
+the pressure.
 Run over attention memory (any prefix shares) and recurrent state (whole states only).
 """
 
@@ -49,6 +51,23 @@ class PolicyMachine(RuleBasedStateMachine):
         head = PREFIXES[prefix][: max(0, prompt_len - 4)] if prefix >= 0 else []
         prompt = head + [(first + 7 * i) % 31 + 1 for i in range(prompt_len - len(head))]
         self.sim.submit(prompt, min(max_tokens, CAPACITY - prompt_len), priority)
+
+    @rule(prompt_len=st.integers(1, 50), max_tokens=st.integers(0, 12), first=st.integers(1, 31),
+          prefix=st.integers(-1, len(PREFIXES) - 1))
+    def submit_scoring(self, prompt_len, max_tokens, first, prefix):
+        """echo + logprobs: every prompt row computed (never a shared prefix), scored once."""
+        head = PREFIXES[prefix][: max(0, prompt_len - 4)] if prefix >= 0 else []
+        prompt = head + [(first + 5 * i) % 31 + 1 for i in range(prompt_len - len(head))]
+        self.sim.submit(prompt, max_tokens, prompt_logprobs=0, logprobs=0)
+
+    @rule(n=st.integers(2, 3), prompt_len=st.integers(1, 40), max_tokens=st.integers(1, 20),
+          first=st.integers(1, 31))
+    def submit_forks(self, n, prompt_len, max_tokens, first):
+        """n > 1: choices 1.. share choice 0's prompt cells once it has computed them."""
+        prompt = [(first + 3 * i) % 31 + 1 for i in range(prompt_len)]
+        parent = self.sim.submit(prompt, max_tokens)
+        for i in range(1, n):
+            self.sim.submit(prompt, max_tokens, fork_of=parent, choice=i)
 
     @rule(n=st.integers(1, 8))
     def step(self, n):
@@ -131,6 +150,17 @@ class PolicyMachine(RuleBasedStateMachine):
             finals = [e for e in got if e.final]
             ended = r.state in (RequestState.FINISHED, RequestState.CANCELLED)
             assert len(finals) == (1 if ended else 0), (r.id, r.state, finals)
+            if r.logprobs is not None:
+                assert all(e.logprob.token == e.token for e in got if e.token is not None), r.id
+            scored = [e.prompt_logprobs for e in got if e.prompt_logprobs is not None]
+            if r.prompt_logprobs is None:
+                assert not scored
+            else:
+                assert r.shared_tokens == 0, r.id  # its prompt rows were computed, not shared
+                assert len(scored) <= 1
+                if tokens or (r.max_tokens == 0 and r.finish_reason == "length"):
+                    assert got[0].prompt_logprobs is not None, r.id
+                    assert [lp.token for lp in scored[0]] == r.prompt.tolist()[1:], r.id
 
     @invariant()
     def only_a_tenant_can_fail_a_request(self):

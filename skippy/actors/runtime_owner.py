@@ -104,7 +104,11 @@ def execute(rt: Runtime, step: Decode) -> StepResult:
     plan = step.plan
     t0 = time.perf_counter()
     try:
-        sampled = rt.decode_sample(plan.tokens, plan.positions, plan.seq_ids, plan.outputs, step.samplers)
+        if plan.rows is None:
+            sampled = rt.decode_sample(plan.tokens, plan.positions, plan.seq_ids, plan.outputs, step.samplers)
+        else:  # a request asked for logprobs: the runtime computes them where the rows are
+            sampled = rt.decode_sample(plan.tokens, plan.positions, plan.seq_ids, plan.outputs, step.samplers,
+                                       rows=plan.rows)
     except NoKvSlotError as exc:
         return StepResult(rt.ledger(), error=exc, lost=_rollback(rt, plan))
     except Exception as exc:
@@ -120,7 +124,7 @@ def execute(rt: Runtime, step: Decode) -> StepResult:
         return StepResult(rt.ledger(), error=exc)
     return StepResult(rt.ledger(), sampled.tokens, pieces, eog, sampled.t_decode,
                       time.perf_counter() - t0 - sampled.t_decode,  # sampling + detokenizing
-                      t_sampled=t_sampled)
+                      t_sampled=t_sampled, logprobs=sampled.logprobs)
 
 
 def _rollback(rt: Runtime, plan) -> tuple[int, ...]:

@@ -12,6 +12,7 @@ from typing import Any, Callable, Sequence
 
 from ..errors import OverloadedError
 from .effects import Admit, Admitted
+from .forks import fork_share
 from .memory import Headroom, need
 from .requests import Request, RequestState
 
@@ -50,7 +51,9 @@ class Admission:
         max_waiting: int,
         decode_reserve: int = 16,
         key: PriorityKey = fcfs_priority,
+        exact: bool = False,
     ) -> None:
+        self.exact = exact  # prefixes are shared only whole (recurrent state, sliding window): forks' shares
         self.lanes = SeqIdPool(ceiling)
         self.max_waiting = max_waiting
         self.decode_reserve = decode_reserve
@@ -108,6 +111,16 @@ class Admission:
     def release(self, seq_id: int) -> None:
         self.lanes.give(seq_id)
 
+    def _share(self, head: Request, admitted: Sequence[Request], match: Matcher | None) -> Any:
+        """The prefix `head` is promised: none when it scores its prompt (every prompt row must be
+        computed), its parent's prompt cells for a fork (n > 1), else the prefix cache's best."""
+        if head.prompt_logprobs is not None:
+            return None
+        share = fork_share(head, self.exact) if head.fork_of is not None else None
+        if share is None and match is not None:
+            share = match(head, admitted)
+        return share
+
     def admit(self, headroom: Headroom, match: Matcher | None = None) -> list[Request]:
         """Move requests from the head of the queue while a lane and every component has room.
 
@@ -123,7 +136,7 @@ class Admission:
                 self.cancel(head)
                 self.cancelled_here.append(head)
                 continue
-            head.share = match(head, admitted) if match is not None else None
+            head.share = self._share(head, admitted, match)
             cells = need(head, self.decode_reserve)
             if not headroom.fits(cells):
                 head.share = None

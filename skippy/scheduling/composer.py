@@ -14,7 +14,8 @@ import numpy as np
 
 from ..errors import SkippyError
 from .budget import TokenBudget
-from .requests import FinishReason, Request, RequestState, TokenEvent
+from .logprobs import LogitRows, RowLogprobs, plan_rows
+from .requests import FinishReason, LogprobEvent, Request, RequestState, TokenEvent
 from .text import TextAssembler
 
 
@@ -35,6 +36,7 @@ class StepPlan:
     seq_ids: np.ndarray
     outputs: np.ndarray
     starved: int  # decoding sequences that did not fit the budget: pressure
+    rows: LogitRows | None = None  # only when a request of the step asked for logprobs (see scheduling.logprobs)
 
     @property
     def n_tokens(self) -> int:
@@ -73,7 +75,11 @@ class StepPlan:
         assert self.all_decode
         chunks = tuple(Chunk(c.request, c.start + 1, 1, True, True) for c in self.chunks)
         return StepPlan(chunks, np.zeros_like(self.tokens), self.positions + 1, self.seq_ids.copy(),
-                        self.outputs.copy(), 0)
+                        self.outputs.copy(), 0, self.rows)  # the same rows: one sampled row per sequence
+
+
+def asks_logprobs(r: Request) -> bool:
+    return r.logprobs is not None or r.prompt_logprobs is not None
 
 
 def _to_next_pause(r: Request) -> int:
@@ -93,6 +99,7 @@ class Composer:
         self.n_batch = n_batch
         self.budget = budget
         self.running: list[Request] = []  # admission order
+        self.n_logprobs = 0  # running requests that asked for logprobs: a step builds LogitRows only then
 
     def add(self, requests: Sequence[Request]) -> None:
         for r in requests:
@@ -100,9 +107,11 @@ class Composer:
             if r.assembler is None:
                 r.assembler = TextAssembler(r.stop)
             self.running.append(r)
+            self.n_logprobs += asks_logprobs(r)
 
     def remove(self, request: Request) -> None:
         self.running.remove(request)
+        self.n_logprobs -= asks_logprobs(request)
 
     def compose(self, cell_budget: int | None = None) -> StepPlan:
         """Decode tokens first, then prefill chunks in admission order, within the cell budget, n_batch
@@ -141,7 +150,8 @@ class Composer:
             seq[i : i + c.n] = r.seq_id
             out[i + c.n - 1] = c.output
             i += c.n
-        return StepPlan(tuple(chunks), tok, pos, seq, out, len(decoding) - n_dec)
+        rows = plan_rows(chunks, out) if self.n_logprobs else None
+        return StepPlan(tuple(chunks), tok, pos, seq, out, len(decoding) - n_dec, rows)
 
     def _burst(self, n_decoding: int) -> bool:
         """More prompts wait for their first token than streams decode (a burst of arrivals): TTFT
@@ -151,9 +161,11 @@ class Composer:
 
     def apply(
         self, plan: StepPlan, tokens: Sequence[int], pieces: Sequence[bytes], eog: Sequence[bool],
-        t_sampled: float = 0.0,
+        t_sampled: float = 0.0, logprobs: RowLogprobs | None = None,
     ) -> tuple[list[Emitted], list[Request]]:
         """Account a finished step: advance caches, route sampled tokens, detect finishes."""
+        if plan.rows is not None:
+            return self._apply_rows(plan, tokens, pieces, eog, t_sampled, logprobs)
         events: list[Emitted] = []
         finished: list[Request] = []
         row = 0
@@ -185,8 +197,58 @@ class Composer:
                 events.append(Emitted(r, TokenEvent(tok, text, index, t_sampled=t_sampled)))
         return events, finished
 
+    def _apply_rows(
+        self, plan: StepPlan, tokens: Sequence[int], pieces: Sequence[bytes], eog: Sequence[bool], t_sampled: float,
+        logprobs: RowLogprobs | None,
+    ) -> tuple[list[Emitted], list[Request]]:
+        """`apply` for a step in which some request asked for logprobs: the same routing, plus each sampled
+        token's logprobs on its event, the scored prompt rows kept on the request until its first event,
+        and a request that only scores its prompt (max_tokens 0) finished once the prompt is in."""
+        assert logprobs is not None and plan.rows is not None
+        events: list[Emitted] = []
+        finished: list[Request] = []
+        row = s = 0
+        for c, k in zip(plan.chunks, plan.rows.per_chunk):
+            r = c.request
+            r.cached += c.n
+            if k:
+                r.prompt_lp.extend(logprobs.scored[s : s + k])
+                r.scored += k
+                s += k
+            if not c.output:
+                continue
+            tok, piece, end = int(tokens[row]), pieces[row], bool(eog[row]) and not r.ignore_eos
+            lp = logprobs.sampled[row]
+            row += 1
+            if r.cancel_requested or r.state is not RequestState.RUNNING:
+                continue
+            prompt_lp = tuple(r.prompt_lp) if r.prompt_logprobs is not None and not r.generated else None
+            if r.max_tokens == 0:  # scoring only: the prompt is in, nothing is generated
+                self._finish(r, "length")
+                finished.append(r)
+                events.append(Emitted(r, LogprobEvent(None, "", 0, "length", r.usage, prompt_logprobs=prompt_lp)))
+                continue
+            r.generated.append(tok)
+            index = len(r.generated) - 1
+            reason: FinishReason | None = None
+            if end:
+                text, reason = r.assembler.flush(), "stop"
+            else:
+                text, stopped = r.assembler.push(piece)
+                if stopped:
+                    reason = "stop"
+                elif r.remaining <= 0:
+                    text, reason = text + r.assembler.flush(), "length"
+            if reason is not None:
+                self._finish(r, reason)
+                finished.append(r)
+            events.append(Emitted(r, LogprobEvent(tok, text, index, reason, r.usage if reason else None,
+                                                  t_sampled=t_sampled, logprob=lp, prompt_logprobs=prompt_lp)))
+        return events, finished
+
     def _finish(self, r: Request, reason: FinishReason) -> None:
         self.running.remove(r)
+        self.n_logprobs -= asks_logprobs(r)
         r.finish_reason = reason
         r.state = RequestState.CANCELLED if reason == "cancelled" else RequestState.FINISHED
 

@@ -107,6 +107,7 @@ class StepResult:
     lost: tuple[int, ...] = ()  # seq ids whose memory could not be rolled back after a failed step
     t_sampled: float = 0.0  # time.perf_counter() when the tokens were sampled (delivery latency starts here)
     skipped: bool = False  # a chained step whose predecessor failed: it never ran, nothing changed
+    logprobs: Any = None  # logprobs.RowLogprobs, when the plan's rows asked for them
 
 
 @attrs.frozen

@@ -50,10 +50,22 @@ class TokenEvent:
     usage: Usage | None = None
     error: SkippyError | None = None
     t_sampled: float = 0.0  # time.perf_counter() when its token was sampled (0: no token)
+    # logprobs, on LogprobEvent only: plain class attributes here, so the common event costs nothing more
+    logprob = None
+    prompt_logprobs = None
 
     @property
     def final(self) -> bool:
         return self.finish_reason is not None
+
+
+@attrs.frozen
+class LogprobEvent(TokenEvent):
+    """The event of a request that asked for logprobs (scheduling.logprobs)."""
+
+    logprob: Any = None  # its token's TokenLogprob (None: no token, e.g. max_tokens 0)
+    # on its first event, when it scores its prompt: a TokenLogprob per prompt token after the first
+    prompt_logprobs: tuple | None = None
 
 
 @attrs.define(eq=False)
@@ -81,6 +93,17 @@ class Request:
     shared_tokens: int = 0  # prompt tokens of this admission shared from the prefix cache, not computed
     prefix_hashes: list[bytes] | None = attrs.field(default=None, repr=False)  # its prompt's block hashes
     pauses: set[int] = attrs.field(factory=set)  # prefill chunks end here (recurrent prefix snapshots)
+    # logprobs (scheduling.logprobs): alternatives per sampled token (None: none asked; 0: the token's own only),
+    # and for echo the prompt's tokens scored too (a request that scores its prompt never shares a prefix:
+    # the rows of every prompt position must be computed)
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    scored: int = 0  # prompt rows scored so far (kept across preemption: recomputed rows are not scored again)
+    prompt_lp: list = attrs.field(factory=list, repr=False)
+    # n > 1 (scheduling.forks): choice `choice` of a request whose first choice is `fork_of`; it shares the
+    # prompt's cells once that one has computed them
+    fork_of: "Request | None" = attrs.field(default=None, repr=False)
+    choice: int = 0
     sampler: Sampler = attrs.field(init=False)
     assembler: Any = attrs.field(default=None, init=False)  # its TextAssembler, kept across preemption
     sink: Any = attrs.field(default=None, init=False, repr=False)  # where its events go (a trio channel)
@@ -128,10 +151,13 @@ def cancelled_event(request: Request) -> TokenEvent:
     return TokenEvent(None, "", len(request.generated), "cancelled", request.usage)
 
 
-def validate(prompt: Sequence[int] | np.ndarray, max_tokens: int, n_ctx: int, n_vocab: int) -> np.ndarray:
-    """Named errors for what can never run; returns the prompt as int32."""
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens <= 0:
-        raise InvalidMaxTokensError(f"max_tokens must be a positive integer, got {max_tokens!r}")
+def validate(prompt: Sequence[int] | np.ndarray, max_tokens: int, n_ctx: int, n_vocab: int,
+             scoring: bool = False) -> np.ndarray:
+    """Named errors for what can never run; returns the prompt as int32. `scoring` (the prompt's logprobs
+    are asked) allows max_tokens 0: the prompt is scored, nothing generated."""
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, (int, np.integer)) or max_tokens < (0 if scoring else 1):
+        raise InvalidMaxTokensError(f"max_tokens must be a positive integer (0 only when scoring the prompt), "
+                                    f"got {max_tokens!r}")
     tokens = np.asarray(prompt)
     if tokens.size == 0:
         raise EmptyPromptError("prompt is empty")

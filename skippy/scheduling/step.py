@@ -30,6 +30,7 @@ from .effects import (
     Shared,
     StepResult,
 )
+from .forks import fork_source, is_fork_share
 from .memory import Headroom, shortfall, step_need
 from .prefix import Entry, PrefixCache
 from .requests import Request
@@ -44,7 +45,8 @@ class StepScheduler:
     """The running set, the prefix cache and the ledger as the last answer left it."""
 
     def __init__(self, n_batch: int, decode_reserve: int, ledger: Ledger, prefix: PrefixCache | None = None,
-                 totals: Totals | None = None, budget: TokenBudget | None = None, overlap: bool = True) -> None:
+                 totals: Totals | None = None, budget: TokenBudget | None = None, overlap: bool = True,
+                 exact: bool = False) -> None:
         self.composer = Composer(n_batch, budget)
         self.decode_reserve = decode_reserve
         self.ledger = ledger
@@ -55,6 +57,8 @@ class StepScheduler:
         self.step_no = 0
         self._busy_since: tuple[float, float] | None = None  # (start, decode seconds) of the last step that ran
         self.overlap = overlap  # chain steady decode steps (see _chain)
+        self.exact = exact  # a prefix is shared only whole (recurrent state, sliding window): forks' parents pause
+        self._sharing = False  # a running request may wait for a promised prefix (forks, without a prefix cache)
         self._woken = True
         self._inflight: tuple[StepPlan, Any] | None = None  # a launched step not yet collected
         self._deferred: list[Request] = []  # finished while a step that holds them was in flight
@@ -254,6 +258,11 @@ class StepScheduler:
 
     def _admitted(self, admitted: Sequence[Request]) -> None:
         self.composer.add(admitted)
+        for r in admitted:
+            if r.share is not None:
+                self._sharing = True
+                if self.exact and is_fork_share(r):
+                    r.fork_of.pauses.add(r.share.length)  # its state at the shared length is what the fork copies
         if self.prefix is None:
             return
         for r in admitted:
@@ -261,20 +270,33 @@ class StepScheduler:
             self.prefix.admitted(r)
 
     def _copy_shares(self) -> Effects:
-        """Copy promised prefixes into their requests, once their sources hold them."""
-        if self.prefix is None:
+        """Copy promised prefixes into their requests, once their sources hold them (prefix-cache hits, and
+        forks sharing their parent's prompt: scheduling.forks)."""
+        if self.prefix is None and not self._sharing:
             return
-        for r in [r for r in self.running if r.share is not None]:
-            seq = self.prefix.copy_source(r, self.running)
+        promised = [r for r in self.running if r.share is not None]
+        self._sharing = bool(promised)
+        for r in promised:
+            fork = is_fork_share(r)
+            if self.prefix is not None:
+                seq = self.prefix.copy_source(r, self.running)
+            else:
+                seq = fork_source(r, self.running, self.exact)
             if seq is None:
                 continue
+            fork = fork and r.share.source is r.fork_of  # copy_source may have found another holder
             length = r.share.length
             answer: Shared = yield ShareCells(seq, r.seq_id, length)
             self.ledger = answer.ledger
-            self.prefix.shared(r, answer.granted)
-            self.totals.prefix_hits += answer.granted
+            r.share = None
+            r.cached = r.shared_tokens = answer.granted
+            if fork:
+                self.totals.fork_shared_tokens += answer.granted
+            else:
+                self.totals.prefix_hits += answer.granted
             logger.debug("request {} shares {} of {} prompt tokens from seq {}", r.id, answer.granted, length, seq)
-        self.prefix.unwedge(self.running)
+        if self.prefix is not None:
+            self.prefix.unwedge(self.running)
 
     def _record(self, plan: StepPlan) -> Effects:
         """Keep prompts that this step finished prefilling as resident prefixes."""
@@ -352,7 +374,7 @@ class StepScheduler:
         if result.error is None:
             try:
                 events, finished = self.composer.apply(plan, result.tokens, result.pieces, result.eog,
-                                                      result.t_sampled)
+                                                      result.t_sampled, result.logprobs)
             except Exception as exc:  # a bug in routing must not take the engine down with it
                 in_step = [r for r in in_step if r in self.running]
                 yield from self._fail(in_step, exc)
@@ -364,6 +386,8 @@ class StepScheduler:
             if self.prefix is not None:
                 yield from self._record(plan)  # before release: a request that just finished still holds its prompt
             yield from self._release(finished)
+            if plan.rows is not None:  # a request that only scores its prompt ends with no token
+                return finished, [], sum(1 for e in events if e.event.token is not None)
             return finished, [], len(events)
         if isinstance(result.error, NoKvSlotError):
             # nothing of the batch stayed in memory; sequences that could not be rolled back restart

@@ -27,8 +27,10 @@ from starlette.routing import Route
 from ..errors import SkippyError
 from . import fields as F
 from . import protocol as P
+from . import structured as S
 from . import tokens as T
 from .auth import BearerAuth
+from .logprob_shapes import ChoiceView, Pieces
 from .metrics import CONTENT_TYPE, ServerMetrics
 
 
@@ -41,6 +43,7 @@ class ServerState:
         self.local_sampling = _samples_locally(engine)
         self.created = int(time.time())
         self.metrics = ServerMetrics(engine)
+        self.pieces = Pieces(engine.runtime.piece)  # token text for logprobs (the vocabulary never changes)
         self.draining = False
         self.in_flight: set[Any] = set()  # GenerationStreams not yet finished
         self.idle = trio.Event()
@@ -93,7 +96,7 @@ def _prompts(state: ServerState, call: P.GenerateCall) -> list[Any]:
     if not engine.has_chat_template:
         raise P.ApiError(400, "this engine has no model with a chat template", code="no_chat_template")
     try:
-        return [engine.chat_tokens(call.prompt)]
+        return [engine.chat_tokens(call.prompt, **S.template_args(call))]
     except SkippyError as exc:
         raise P.bad_request(str(exc), param="messages") from None
 
@@ -102,6 +105,8 @@ def _check_sampling(state: ServerState, call: P.GenerateCall) -> None:
     """Penalties and logit_bias need the sampler beside the logits, with the request's tokens; a
     pipeline's last stage samples from (temperature, top_k, top_p, min_p, draw) alone."""
     param = call.shaping_param
+    if param is None and (call.logprobs is not None or call.prompt_logprobs is not None):
+        param = "logprobs" if call.logprobs is not None else "echo"  # computed where the logits are
     if param is not None and not state.local_sampling:
         raise P.bad_request(f"'{param}' is not supported when serving a staged pipeline", param=param,
                             code="unsupported_parameter")
@@ -117,9 +122,13 @@ async def _submit(state: ServerState, call: P.GenerateCall, prompts: Sequence[An
             max_tokens = call.max_tokens
             if max_tokens is None:  # no limit: the rest of the context
                 max_tokens = P.resolve_max_tokens(call, len(prompt), engine.n_ctx)
-            stream = engine.generate(prompt, **call.engine_kwargs(max_tokens))
-            state.track(stream)
-            streams.append(stream)
+            if call.n == 1:
+                choices = [engine.generate(prompt, **call.engine_kwargs(max_tokens))]
+            else:  # forks of one prompt: computed once, its cells shared (scheduling.forks)
+                choices = engine.generate_choices(prompt, n=call.n, **call.engine_kwargs(max_tokens))
+            for stream in choices:
+                state.track(stream)
+                streams.append(stream)
         for stream in streams:
             await stream.queued()
     except BaseException as exc:
@@ -146,25 +155,45 @@ async def _generate(request: HttpRequest, kind: str) -> Response:
     if call.model not in state.model_names:
         raise P.not_found(call.model)
     _check_sampling(state, call)
+    call = await S.prepare(state, call)  # its grammar compiled (structured output, forced tool calls)
     t_arrival = time.perf_counter()
     streams = await _submit(state, call, _prompts(state, call))
     shape = P.ResponseShape(kind, state.request_id(kind), call.model)
     headers = F.ignored_header(call.ignored)
+    views = _views(state, call, streams) if call.logprobs is not None or call.echo else None
     if not call.stream:
-        return await _collect(request, state, streams, shape, t_arrival, headers)
+        return await _collect(request, state, streams, shape, t_arrival, headers, call, views)
     headers["Cache-Control"] = "no-cache"
+    if S.buffers_stream(call):  # tool calls are parsed from a choice's whole text
+        return EventSourceResponse(S.tool_sse(state, streams, shape, call, t_arrival), ping=0, headers=headers)
     if len(streams) == 1:
-        return EventSourceResponse(_sse(state, streams[0], shape, call, t_arrival), ping=0, headers=headers)
+        return EventSourceResponse(_sse(state, streams[0], shape, call, t_arrival, views=views), ping=0,
+                                   headers=headers)
     tx, rx = trio.open_memory_channel(0)
-    return EventSourceResponse(_sse(state, streams, shape, call, t_arrival, rx.receive), ping=0, headers=headers,
-                               data_sender_callable=partial(_pump, streams, tx))
+    return EventSourceResponse(_sse(state, streams, shape, call, t_arrival, rx.receive, views), ping=0,
+                               headers=headers, data_sender_callable=partial(_pump, streams, tx))
+
+
+def _views(state: ServerState, call: P.GenerateCall, streams: Sequence[Any]) -> list[ChoiceView]:
+    """How each choice renders logprobs and echo: choice i is prompt i // n's."""
+    views = []
+    for i, stream in enumerate(streams):
+        text = ""
+        tokens = stream.request.prompt.tolist()
+        if call.echo:
+            given = call.prompts[i // call.n]
+            text = given if isinstance(given, str) else b"".join(state.pieces.get(t)[0] for t in tokens).decode(
+                "utf-8", errors="replace")
+        views.append(ChoiceView(call.kind, state.pieces, call.logprobs is not None, call.echo, text, tokens))
+    return views
 
 
 async def _collect(request: HttpRequest, state: ServerState, streams: Sequence[Any], shape: P.ResponseShape,
-                   t_arrival: float, headers: dict[str, str] | None = None) -> Response:
+                   t_arrival: float, headers: dict[str, str] | None = None, call: P.GenerateCall | None = None,
+                   views: Sequence[ChoiceView] | None = None) -> Response:
     """Non-streaming: gather every choice's events; a client that hangs up cancels the requests."""
     k = len(streams)
-    parts: list[list[str]] = [[] for _ in range(k)]
+    parts: list[list[Any]] = [[] for _ in range(k)]  # each choice's texts (its events, for `views`)
     finals: list[Any] = [None] * k
     timing = [[None, None, 0] for _ in range(k)]  # t_first, t_last, tokens
 
@@ -182,7 +211,7 @@ async def _collect(request: HttpRequest, state: ServerState, streams: Sequence[A
                 t[2] += 1
                 t[1] = time.perf_counter()
                 t[0] = t[0] or t[1]
-            parts[i].append(event.text)
+            parts[i].append(event if views is not None else event.text)
             if event.final:
                 finals[i] = event
 
@@ -204,15 +233,23 @@ async def _collect(request: HttpRequest, state: ServerState, streams: Sequence[A
     failed = next((f for f in finals if f.finish_reason == "error"), None)
     if failed is not None:
         raise P.ApiError(500, f"generation failed: {failed.error}", type="server_error", code="generation_failed")
-    body = shape.full([("".join(p), f.finish_reason) for p, f in zip(parts, finals)], _usage(finals))
+    n = call.n if call is not None else 1
+    if views is not None:
+        choices = [(*v.full(p), ) for v, p in zip(views, parts)]
+        body = shape.full([(text, f.finish_reason, lp) for (text, lp), f in zip(choices, finals)], _usage(finals, n))
+    else:
+        body = shape.full([("".join(p), f.finish_reason) for p, f in zip(parts, finals)], _usage(finals, n))
+    S.rewrite(state.engine, call, body)  # tool calls parsed out of chat answers
     return JSONResponse(body, headers=headers)
 
 
-def _usage(finals: Sequence[Any]) -> dict[str, Any]:
-    """Usage over every choice (OpenAI sums a multi-prompt request's tokens)."""
+def _usage(finals: Sequence[Any], n: int = 1) -> dict[str, Any]:
+    """Usage over every choice (OpenAI sums a multi-prompt request's tokens); a prompt with n choices
+    counts its prompt tokens once (its first choice's: the forks shared them)."""
     us = [f.usage for f in finals]
-    return P.usage_json(sum(u.prompt_tokens for u in us), sum(u.completion_tokens for u in us),
-                        sum(u.cached_tokens for u in us))
+    firsts = us[::n]
+    return P.usage_json(sum(u.prompt_tokens for u in firsts), sum(u.completion_tokens for u in us),
+                        sum(u.cached_tokens for u in firsts))
 
 
 async def _pump(streams: Sequence[Any], tx: trio.MemorySendChannel) -> None:
@@ -234,7 +271,7 @@ async def _pump(streams: Sequence[Any], tx: trio.MemorySendChannel) -> None:
 
 async def _sse(state: ServerState, streams: Any, shape: P.ResponseShape, call: P.GenerateCall,
                t_arrival: float, receive: Callable[[], Awaitable[tuple[int, list[Any]]]] | None = None,
-               ) -> AsyncIterator[bytes]:
+               views: Sequence[ChoiceView] | None = None) -> AsyncIterator[bytes]:
     """Streaming: chunks per token (each with its choice's index), usage last when asked, then [DONE].
     One stream is read directly; several come through `receive` (see `_pump`). The tokens that queued
     while the client was slow go out in one write, each once and in order. Being cancelled (the client
@@ -276,7 +313,9 @@ async def _sse(state: ServerState, streams: Any, shape: P.ResponseShape, call: P
                 if event.final:
                     final = event
                     break
-                if event.text:
+                if views is not None:  # logprobs or echo: each chunk rendered whole
+                    out += _view_chunks(views[i], event, shape, call, first, i)
+                elif event.text:
                     out.append(encoders[i](event.text, first[i]))
                     first[i] = False
             failed = False
@@ -284,9 +323,11 @@ async def _sse(state: ServerState, streams: Any, shape: P.ResponseShape, call: P
                 finals[i] = final
                 done += 1
                 failed = final.finish_reason in ("cancelled", "error")
-                out += _final_events(final, shape, call, encoders[i], first[i], i)
+                if views is not None and not failed:
+                    out += _view_chunks(views[i], final, shape, call, first, i)
+                out += _final_events(final, shape, call, encoders[i], first[i], i, text=views is None)
                 if done == k and not failed and call.include_usage:
-                    out.append(P.sse_event(shape.usage_chunk(_usage(finals))))
+                    out.append(P.sse_event(shape.usage_chunk(_usage(finals, call.n))))
             if out:
                 yield b"".join(out)
                 if events[0].t_sampled:  # the oldest token of this write: sampled -> its bytes written
@@ -302,13 +343,23 @@ async def _sse(state: ServerState, streams: Any, shape: P.ResponseShape, call: P
             state.metrics.observe(t_arrival, t_first, t_last, n)
 
 
+def _view_chunks(view: ChoiceView, event: Any, shape: P.ResponseShape, call: P.GenerateCall, first: list[bool],
+                 i: int) -> list[bytes]:
+    out = []
+    for text, logprobs in view.chunks(event):
+        out.append(P.sse_event(shape.chunk(text, first=first[i], include_usage=call.include_usage, index=i,
+                                           logprobs=logprobs)))
+        first[i] = False
+    return out
+
+
 def _final_events(final: Any, shape: P.ResponseShape, call: P.GenerateCall, encode: Any, first: bool,
-                  index: int = 0) -> list[bytes]:
+                  index: int = 0, text: bool = True) -> list[bytes]:
     if final.finish_reason in ("cancelled", "error"):
         err = (P.shutting_down() if final.finish_reason == "cancelled" else
                P.ApiError(500, f"generation failed: {final.error}", type="server_error", code="generation_failed"))
         return [P.sse_event(err.body())]
-    out = [encode(final.text, first)] if final.text else []
+    out = [encode(final.text, first)] if final.text and text else []
     out.append(P.sse_event(shape.chunk("", final.finish_reason, include_usage=call.include_usage, index=index)))
     return out
 

@@ -18,6 +18,8 @@ from .api_errors import bad_request
 MAX_STOPS = 64  # stop strings per request (OpenAI allows 4; vLLM and llama-server any number)
 MAX_STOP_CHARS = 256  # each one's length: a stop string is held back from the stream while it may match
 MAX_PROMPTS = 128  # prompts in one /v1/completions request (one choice each)
+MAX_CHOICES = 128  # choices in one request: prompts x n (each takes a lane)
+MAX_LOGPROBS = 20  # alternatives per token (OpenAI's limit)
 MAX_LOGIT_BIAS = 1024  # entries in logit_bias
 BIAS_LIMIT = 100.0  # logit_bias values are clamped to [-100, 100] (OpenAI's range)
 IGNORED_HEADER = "x-skippy-ignored-fields"
@@ -28,7 +30,8 @@ def is_int(v: Any) -> bool:
 
 
 def is_num(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    # an int is finite however large (math.isfinite would overflow converting it to a float)
+    return is_int(v) or isinstance(v, float) and math.isfinite(v)
 
 
 def want(data: Mapping[str, Any], name: str, ok: Callable[[Any], bool], what: str, default: Any = None) -> Any:
@@ -53,12 +56,11 @@ def one_of(data: Mapping[str, Any], names: Iterable[str]) -> str | None:
 
 # -- which fields exist --------------------------------------------------------------------
 
-# known but not implemented: accepted at their neutral value only, a 400 naming them otherwise
+# known but not implemented (or not for this endpoint: `echo` in chat, `top_logprobs` in completions):
+# accepted at their neutral value only, a 400 naming them otherwise
 NEUTRAL: dict[str, Callable[[Any], bool]] = {
-    "n": lambda v: v == 1 and is_int(v),
     "best_of": lambda v: v == 1 and is_int(v),
     "echo": lambda v: v is False,
-    "logprobs": lambda v: v is False or v == 0 and is_int(v),
     "top_logprobs": lambda v: v == 0 and is_int(v),
     "n_probs": lambda v: v == 0 and is_int(v),  # llama-server's logprobs
     "suffix": lambda v: v == "",
@@ -84,9 +86,13 @@ NO_EFFECT = {"user", "metadata", "service_tier", "reasoning_effort", "cache_prom
              "skip_special_tokens", "spaces_between_special_tokens"}
 COMMON = {"model", "max_tokens", "n_predict", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
           "stream_options", "ignore_eos", "priority", "presence_penalty", "frequency_penalty", "repetition_penalty",
-          "repeat_penalty", "repeat_last_n", "logit_bias"}
-COMPLETION = COMMON | {"prompt"}
-CHAT = COMMON | {"messages", "max_completion_tokens"}
+          "repeat_penalty", "repeat_last_n", "logit_bias", "n", "logprobs"}
+# structured output and tools: read by server.structured (known here, so never the neutral-only check;
+# tools stay neutral-only in completions)
+COMMON |= {"response_format", "grammar", "json_schema"}
+COMPLETION = COMMON | {"prompt", "echo"}
+CHAT = COMMON | {"messages", "max_completion_tokens", "top_logprobs",
+                "tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"}
 
 _logged: set[str] = set()
 _LOG_NAMES = 256  # names remembered for "logged once"; past that, new ones go unlogged (a client cannot grow it)
@@ -138,7 +144,34 @@ def max_tokens(data: Mapping[str, Any], kind: str) -> tuple[int | None, bool]:
     if name == "n_predict":
         v = want(data, name, lambda v: is_int(v) and (v >= 1 or v == -1), "an integer >= 1, or -1 (no limit)")
         return (None if v == -1 else v), True
+    if kind == "completion":  # 0: with echo, score the prompt and generate nothing (lm-eval's loglikelihood)
+        return want(data, name, lambda v: is_int(v) and v >= 0, "an integer >= 0"), True
     return want(data, name, lambda v: is_int(v) and v >= 1, "an integer >= 1"), True
+
+
+def n_choices(data: Mapping[str, Any]) -> int:
+    return want(data, "n", lambda v: is_int(v) and 1 <= v <= MAX_CHOICES, f"an integer in [1, {MAX_CHOICES}]", 1)
+
+
+def logprobs(data: Mapping[str, Any], kind: str) -> int | None:
+    """Alternatives per token, or None when no logprobs are asked: completions' `logprobs: k`, chat's
+    `logprobs: true` with `top_logprobs: k`."""
+    if kind == "completion":
+        if data.get("logprobs") is False:
+            return None
+        return want(data, "logprobs", lambda v: is_int(v) and 0 <= v <= MAX_LOGPROBS,
+                    f"an integer in [0, {MAX_LOGPROBS}]")
+    asked = bool(want(data, "logprobs", lambda v: isinstance(v, bool) or v in (0, 1) and is_int(v), "a boolean",
+                      False))  # 0 and 1 too, as pydantic (vLLM) reads a boolean
+    top = want(data, "top_logprobs", lambda v: is_int(v) and 0 <= v <= MAX_LOGPROBS,
+               f"an integer in [0, {MAX_LOGPROBS}]")
+    if top is not None and not asked:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", param="top_logprobs")
+    return (top or 0) if asked else None
+
+
+def echo(data: Mapping[str, Any]) -> bool:
+    return want(data, "echo", lambda v: isinstance(v, bool), "a boolean", False)
 
 
 def sampling(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -74,9 +74,26 @@ class _EngineCollector(Collector):
                                   "Prompt tokens shared from the prefix cache or a running sequence (not computed)",
                                   unit="tokens", value=s.prefix_hits)
         yield CounterMetricFamily("skippy_prefix_cache_evictions", "Resident prefixes evicted", value=s.prefix_evictions)
+        yield CounterMetricFamily("skippy_fork_shared", "Prompt tokens the choices of n > 1 requests shared from "
+                                  "their first choice (seq_cp, not computed)", unit="tokens",
+                                  value=s.fork_shared_tokens)
         yield GaugeMetricFamily("skippy_prefix_cache_entries", "Resident prefixes held", value=s.prefix_entries)
         yield GaugeMetricFamily("skippy_prefix_cache_resident_tokens", "Tokens held by resident prefixes",
                                 value=s.prefix_resident_tokens)
+        yield _invariance_gauge(self.engine)
+
+
+def _invariance_gauge(engine: Any) -> GaugeMetricFamily:
+    """1 while the engine runs batch-invariant kernels; `verified` is the self-check's verdict on
+    this model and build (skippy.check): true, false, or unknown when it was not run (nor cached)."""
+    gauge = GaugeMetricFamily("skippy_batch_invariant",
+                              "1 when batch-invariant kernels are on; verified: the self-check's verdict",
+                              labels=["verified"])
+    config = getattr(engine, "config", None)
+    result = getattr(engine, "invariance", None)
+    verified = "unknown" if result is None else ("true" if result.identical else "false")
+    gauge.add_metric([verified], 1.0 if getattr(config, "batch_invariant", False) else 0.0)
+    return gauge
 
 
 class ServerMetrics:

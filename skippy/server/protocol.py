@@ -3,19 +3,21 @@ response, chunk and error JSON shapes. No trio, no ASGI, no engine: unit-testabl
 
 Reading requests follows vLLM (see `fields`): fields we know are validated strictly, unknown
 ones are accepted and ignored (and reported back); a field we know but do not implement
-(n>1, echo, logprobs, tools, ...) is accepted only at its neutral value and is a 400 naming it
-otherwise.
+(best_of, tools, ...) is accepted only at its neutral value and is a 400 naming it otherwise.
+Logprobs shapes are in `logprob_shapes`.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from typing import Any, Callable, Mapping, Sequence
 
 import attrs
 
 from . import fields as F
+from . import structured as S
 from .api_errors import (  # noqa: F401  (re-exported: the app and tests use them as protocol.*)
     RETRY_AFTER_S,
     ApiError,
@@ -46,6 +48,11 @@ class GenerateCall:
     ignore_eos: bool
     priority: int
     ignored: tuple[str, ...] = ()  # unknown request fields, accepted with no effect
+    n: int = 1  # choices per prompt (forks of one prompt: its cells shared)
+    logprobs: int | None = None  # alternatives per token; None: no logprobs
+    echo: bool = False  # completions: the prompt returned before the completion (scored, with logprobs)
+    structured: S.Structured | None = None  # response_format / grammar / tools (server.structured)
+    grammar: Any = None  # its compiled skippy.constrain.Grammar, set by the app before submitting
 
     @property
     def prompt(self) -> Any:
@@ -58,19 +65,65 @@ class GenerateCall:
         return next((k for k in ("presence_penalty", "frequency_penalty", "repeat_penalty", "logit_bias")
                      if k in self.sampling), None)
 
+    @property
+    def prompt_logprobs(self) -> int | None:
+        """What the engine scores of the prompt: with echo and logprobs, every prompt token; with echo and
+        max_tokens 0 too (nothing to generate: the request is the prompt's pass)."""
+        if not self.echo:
+            return None
+        if self.logprobs is not None:
+            return self.logprobs
+        return 0 if self.max_tokens == 0 else None
+
     def engine_kwargs(self, max_tokens: int) -> dict[str, Any]:
-        return dict(sampling=self.sampling, max_tokens=max_tokens, stop=self.stop, priority=self.priority,
-                    ignore_eos=self.ignore_eos)
+        kw = dict(sampling=self.sampling, max_tokens=max_tokens, stop=self.stop, priority=self.priority,
+                  ignore_eos=self.ignore_eos)
+        if self.logprobs is not None:
+            kw["logprobs"] = self.logprobs
+        if self.prompt_logprobs is not None:
+            kw["prompt_logprobs"] = self.prompt_logprobs
+        if self.grammar is not None:
+            kw["grammar"] = self.grammar
+        return kw
 
 
 def parse_json(body: bytes) -> dict[str, Any]:
     try:
-        data = json.loads(body)
+        text = body.decode("utf-8")  # JSON on the wire is UTF-8 (RFC 8259); strict: no encoded surrogates
+        data = json.loads(text)
     except (ValueError, UnicodeDecodeError) as exc:
         raise bad_request(f"We could not parse the JSON body of your request: {exc}", code="invalid_json") from None
+    except RecursionError:  # nesting deeper than the parser's stack
+        raise bad_request("We could not parse the JSON body of your request: nested too deeply",
+                          code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request("The request body must be a JSON object", code="invalid_json")
+    if _SURROGATE_ESCAPE.search(text) and _has_lone_surrogate(data):
+        raise bad_request("The JSON body of your request holds a lone UTF-16 surrogate escape (e.g. \\ud800): "
+                          "not Unicode text", code="invalid_json")
     return data
+
+
+# JSON may escape a lone surrogate, which no text encoding can carry on (UTF-8, a tokenizer, a reply)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _has_lone_surrogate(data: Any) -> bool:
+    """Any string (key or value) in parsed JSON that is not valid Unicode; iterative (any depth)."""
+    stack = [data]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return True
+    return False
 
 
 def _common(data: Mapping[str, Any], kind: str, prompts: tuple[Any, ...], ignored: tuple[str, ...]) -> GenerateCall:
@@ -83,12 +136,23 @@ def _common(data: Mapping[str, Any], kind: str, prompts: tuple[Any, ...], ignore
         limit = 16  # OpenAI's default for completions
     stream = F.want(data, "stream", lambda v: isinstance(v, bool), "a boolean", False)
     include_usage, more_ignored = F.stream_options(data, stream)
+    echo = F.echo(data) if kind == "completion" else False
+    n = F.n_choices(data)
+    if limit == 0 and not echo:
+        raise bad_request("'max_tokens' 0 needs 'echo': true (the prompt scored, nothing generated)",
+                          param="max_tokens")
+    if limit == 0 and n > 1:
+        raise bad_request("'n' > 1 needs 'max_tokens' >= 1 (choices of nothing are one choice)", param="n")
+    if n * len(prompts) > F.MAX_CHOICES:
+        raise bad_request(f"at most {F.MAX_CHOICES} choices per request (prompts x n), got {n * len(prompts)}",
+                          param="n")
     return GenerateCall(
         kind=kind, model=model, prompts=prompts, max_tokens=limit, sampling=F.sampling(data), stop=F.stops(data),
         stream=stream, include_usage=include_usage,
         ignore_eos=F.want(data, "ignore_eos", lambda v: isinstance(v, bool), "a boolean", False),
         priority=F.want(data, "priority", F.is_int, "an integer", 0),
-        ignored=ignored + more_ignored,
+        ignored=ignored + more_ignored, n=n, logprobs=F.logprobs(data, kind), echo=echo,
+        structured=S.parse(data, kind),
     )
 
 
@@ -129,7 +193,11 @@ def parse_chat(data: Mapping[str, Any]) -> GenerateCall:
         if m["role"] not in _ROLES:
             raise bad_request(f"messages[{i}].role: unknown role {m['role']!r}", param=f"messages[{i}].role")
         role = "system" if m["role"] == "developer" else m["role"]
-        rendered.append({"role": role, "content": _content_text(m.get("content"), i)})
+        calls = m.get("tool_calls")  # an assistant's tool calls (content may be null), a tool's result
+        content = "" if m.get("content") is None and (calls or role == "assistant") else \
+            _content_text(m.get("content"), i)
+        rendered.append({"role": role, "content": content,
+                         **{k: m[k] for k in ("tool_calls", "tool_call_id", "name") if m.get(k) is not None}})
     return _common(data, "chat", (rendered,), ignored)
 
 
@@ -176,24 +244,25 @@ class ResponseShape:
         return {"id": self.id, "object": obj, "created": self.created, "model": self.model,
                 "system_fingerprint": "skippy"}
 
-    def full(self, choices: Sequence[tuple[str, str | None]], usage: dict[str, Any]) -> dict[str, Any]:
-        """The whole response: one choice per (text, finish reason), `index` in order."""
+    def full(self, choices: Sequence[tuple], usage: dict[str, Any]) -> dict[str, Any]:
+        """The whole response: one choice per (text, finish reason[, logprobs JSON]), `index` in order."""
         if self.kind == "chat":
-            out = [{"index": i, "message": {"role": "assistant", "content": text, "refusal": None},
-                    "logprobs": None, "finish_reason": finish_reason(reason)} for i, (text, reason) in enumerate(choices)]
+            out = [{"index": i, "message": {"role": "assistant", "content": c[0], "refusal": None},
+                    "logprobs": c[2] if len(c) > 2 else None, "finish_reason": finish_reason(c[1])}
+                   for i, c in enumerate(choices)]
             return {**self._head("chat.completion"), "choices": out, "usage": usage}
-        out = [{"index": i, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}
-               for i, (text, reason) in enumerate(choices)]
+        out = [{"index": i, "text": c[0], "logprobs": c[2] if len(c) > 2 else None, "finish_reason": finish_reason(c[1])}
+               for i, c in enumerate(choices)]
         return {**self._head("text_completion"), "choices": out, "usage": usage}
 
     def chunk(self, text: str, reason: str | None = None, *, first: bool = False,
-              include_usage: bool = False, index: int = 0) -> dict[str, Any]:
+              include_usage: bool = False, index: int = 0, logprobs: Any = None) -> dict[str, Any]:
         if self.kind == "chat":
             delta: dict[str, Any] = {"role": "assistant", "content": text} if first else ({"content": text} if text else {})
-            choice = {"index": index, "delta": delta, "logprobs": None, "finish_reason": finish_reason(reason)}
+            choice = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish_reason(reason)}
             out = {**self._head("chat.completion.chunk"), "choices": [choice]}
         else:
-            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason(reason)}
+            choice = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish_reason(reason)}
             out = {**self._head("text_completion"), "choices": [choice]}
         if include_usage:
             out["usage"] = None  # OpenAI: null on every chunk but the usage-only last one

@@ -117,8 +117,8 @@ class FakeRuntime:
             return self._decode(tokens, positions, seq_ids, outputs)
 
     def decode_sample(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
-                      samplers: Sequence[Sampler]) -> Sampled:
-        return decode_then_sample(self.decode, tokens, positions, seq_ids, outputs, samplers)
+                      samplers: Sequence[Sampler], rows=None) -> Sampled:
+        return decode_then_sample(self.decode, tokens, positions, seq_ids, outputs, samplers, rows)
 
     def _decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray) -> np.ndarray:
         n = int(tokens.size)

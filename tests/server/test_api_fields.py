@@ -60,8 +60,8 @@ async def test_unknown_fields_are_ignored_and_listed_known_ones_still_strict():
             async with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
                 assert r.status_code == 200 and r.headers["x-skippy-ignored-fields"] == "frobnicate, guided_json"
                 await r.aread()
-            for bad, param in [({"temperature": "hot"}, "temperature"), ({"n": 2}, "n"), ({"echo": True}, "echo"),
-                               ({"logprobs": 2}, "logprobs"), ({"seed": -5}, "seed"),
+            for bad, param in [({"temperature": "hot"}, "temperature"), ({"n": 0}, "n"), ({"echo": "yes"}, "echo"),
+                               ({"logprobs": 21}, "logprobs"), ({"max_tokens": 0}, "max_tokens"), ({"seed": -5}, "seed"),
                                ({"stop": ["x"] * 65}, "stop"), ({"presence_penalty": 3}, "presence_penalty"),
                                ({"logit_bias": {"64": 1}}, "logit_bias"), ({"n_predict": "ten"}, "n_predict")]:
                 r = await http.post("/v1/completions", json={**body, **bad})
@@ -166,7 +166,7 @@ async def test_tokenize_detokenize_and_models():
 async def test_api_key_guards_everything_but_health_and_metrics():
     with trio.fail_after(20):
         async with fake_server(api_keys=["sekrit", "other"]) as (http, _, _):
-            completion = {"model": "m", "prompt": P1, "max_tokens": 2}
+            completion = {"model": "m", "prompt": P1, "max_tokens": 2, "ignore_eos": True}
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekrit"},
                             {"Authorization": "Basic sekrit"}):
                 for method, path, body in [("POST", "/v1/completions", completion), ("GET", "/v1/models", None),

@@ -34,9 +34,11 @@ BAD = [  # (path, body, status, param or None)
     ("/v1/completions", {**OK, "stream": "yes"}, 400, "stream"),
     ("/v1/completions", {**OK, "ignore_eos": 1}, 400, "ignore_eos"),
     ("/v1/completions", {**OK, "priority": "high"}, 400, "priority"),
-    ("/v1/completions", {**OK, "n": 2}, 400, "n"),
-    ("/v1/completions", {**OK, "logprobs": 3}, 400, "logprobs"),
-    ("/v1/completions", {**OK, "echo": True}, 400, "echo"),
+    ("/v1/completions", {**OK, "n": 0}, 400, "n"),
+    ("/v1/completions", {**OK, "n": 129}, 400, "n"),
+    ("/v1/completions", {**OK, "logprobs": 21}, 400, "logprobs"),
+    ("/v1/completions", {**OK, "echo": 1}, 400, "echo"),
+    ("/v1/completions", {**OK, "max_tokens": 0}, 400, "max_tokens"),  # 0 only with echo
     ("/v1/completions", {**OK, "frequency_penalty": 2.5}, 400, "frequency_penalty"),
     ("/v1/completions", {**OK, "logit_bias": {"999999": 1}}, 400, "logit_bias"),
     ("/v1/completions", {**OK, "stop": ["x"] * 65}, 400, "stop"),
@@ -55,7 +57,9 @@ BAD = [  # (path, body, status, param or None)
     ("/v1/chat/completions", {**CHAT, "messages": [{"content": "hi"}]}, 400, "messages[0]"),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "wizard", "content": "hi"}]}, 400, "messages[0].role"),
     ("/v1/chat/completions", {**CHAT, "messages": [{"role": "user", "content": 5}]}, 400, "messages[0].content"),
-    ("/v1/chat/completions", {**CHAT, "logprobs": True}, 400, "logprobs"),
+    ("/v1/chat/completions", {**CHAT, "logprobs": 3}, 400, "logprobs"),
+    ("/v1/chat/completions", {**CHAT, "top_logprobs": 3}, 400, "top_logprobs"),  # needs logprobs: true
+    ("/v1/chat/completions", {**CHAT, "echo": True}, 400, "echo"),
     ("/v1/chat/completions", {**CHAT, "tools": [{"type": "function"}]}, 400, "tools"),
     ("/v1/chat/completions", {**CHAT, "max_tokens": 4000}, 400, "prompt"),
     ("/v1/chat/completions", {**CHAT, "model": "gpt-nope"}, 404, "model"),
@@ -98,7 +102,7 @@ async def test_openai_client_raises_its_named_errors(synth_model_path):
                 await in_thread(client.completions.create, model="gpt-nope", prompt="hi", max_tokens=2)
             assert nf.value.body["code"] == "model_not_found"
             with pytest.raises(openai.BadRequestError) as br:
-                await in_thread(client.completions.create, model=M, prompt="hi", max_tokens=2, n=2)
+                await in_thread(client.completions.create, model=M, prompt="hi", max_tokens=2, n=0)
             assert br.value.body["param"] == "n"
             with pytest.raises(openai.BadRequestError) as br:
                 await in_thread(client.chat.completions.create, model=M, max_tokens=4000,
