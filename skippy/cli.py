@@ -42,9 +42,9 @@ def _synth(args: argparse.Namespace) -> int:
     from .models import synth, synthetic_model
 
     if args.out:
-        path = synth.write_synthetic(args.family, args.out, seed=args.seed)
+        path = synth.write_synthetic(args.family, args.out, seed=args.seed, size=args.size)
     else:
-        path = synthetic_model(args.family, seed=args.seed)
+        path = synthetic_model(args.family, seed=args.seed, size=args.size)
     print(path)
     return 0
 
@@ -66,7 +66,7 @@ def _generate(args: argparse.Namespace) -> int:
     ensure_built()
     path = _resolve_checked(args)
     sampler = Sampler(SamplingParams(temperature=args.temperature, seed=args.seed))
-    with Model(path) as model:
+    with Model(path, n_gpu_layers=args.n_gpu_layers) as model:
         prompt = model.tokenizer.tokenize(args.prompt)
         n_ctx = min(max(model.n_ctx_train, 256), max(512, len(prompt) + args.max_tokens))
         opts = ContextOptions(n_ctx=n_ctx, n_batch=512, n_ubatch=512, n_seq_max=1, threads=args.threads)
@@ -155,8 +155,9 @@ def _plan(args: argparse.Namespace) -> int:
     from .native import Model
 
     path = _resolve_checked(args)
-    cfg = EngineConfig(**_sizing_config(args), **_prefix_config(args), n_batch=args.n_batch, threads=1)
-    with Model(path, repack=False) as model:
+    cfg = EngineConfig(**_sizing_config(args), **_prefix_config(args), n_batch=args.n_batch, threads=1,
+                       n_gpu_layers=args.n_gpu_layers)
+    with Model(path, repack=False, n_gpu_layers=cfg.n_gpu_layers) as model:
         plan, _ = plan_engine(model, cfg)
         memory = probe_memory(model, context_base(cfg.n_batch, cfg.threads, cfg.batch_invariant))
         arch = model.arch
@@ -191,17 +192,32 @@ def _demo(args: argparse.Namespace) -> int:
     from .demo import main as demo_main
 
     model = _resolve_checked(args)
-    config = {"n_batch": args.n_batch, "threads": args.threads, **_sizing_config(args), **_prefix_config(args),
-              **_latency_config(args)}
+    config = {"n_batch": args.n_batch, "threads": args.threads, "n_gpu_layers": args.n_gpu_layers,
+              **_sizing_config(args), **_prefix_config(args), **_latency_config(args)}
     result = demo_main(model, args.sessions, args.max_tokens, progress=not args.quiet,
                        shared_prefix_tokens=args.shared_prefix_tokens, **config)
     return 0 if result["failed"] == 0 else 1
 
 
+def _check(args: argparse.Namespace) -> int:
+    """The batch-invariance self-check (skippy.check): 0 identical, 1 not identical, 2 error."""
+    from .check import check_file, store
+    from .native import ensure_built
+
+    ensure_built(progress=False)
+    path = _resolve_checked(args)
+    result = check_file(path, {"threads": args.threads}, n_gpu_layers=args.n_gpu_layers, sequences=args.sequences,
+                        max_tokens=args.max_tokens)
+    store(result)  # what `skippy serve --require-invariant` and the engine read
+    for line in result.lines():
+        print(line)
+    return 0 if result.identical else 1
+
+
 def _serve_config(args: argparse.Namespace) -> dict:
     """The EngineConfig fields `skippy serve` passes to open_engine."""
     return {"n_batch": args.n_batch, "threads": args.threads, "max_waiting": args.max_waiting,
-            **_sizing_config(args), **_prefix_config(args), **_latency_config(args)}
+            "n_gpu_layers": args.n_gpu_layers, **_sizing_config(args), **_prefix_config(args), **_latency_config(args)}
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -209,6 +225,8 @@ def _serve(args: argparse.Namespace) -> int:
 
     model = _resolve_checked(args)
     config = _serve_config(args)
+    if args.require_invariant:  # run the self-check (or read its verdict); refuse a model that fails it
+        config["verify_invariance"] = "require"
     return _serve_engine(args, lambda: open_engine(model, **config), args.host, args.port)
 
 
@@ -233,7 +251,7 @@ def _serve_engine(args: argparse.Namespace, opener, host: str, port: int) -> int
     """Serve the OpenAI API over the engine `opener()` opens, until SIGINT/SIGTERM."""
     import trio
 
-    from .server import create_app, default_model_names, serve_app, wait_for_signal
+    from .server import HttpLimits, create_app, default_model_names, serve_app, wait_for_signal
 
     async def main() -> None:
         async with opener() as engine:
@@ -243,7 +261,7 @@ def _serve_engine(args: argparse.Namespace, opener, host: str, port: int) -> int
             async with trio.open_nursery() as nursery:
                 binds = await nursery.start(lambda task_status: serve_app(
                     app, host, port, shutdown_trigger=wait_for_signal, deadline=args.shutdown_deadline,
-                    task_status=task_status))
+                    limits=HttpLimits(max_body_bytes=args.max_body_bytes), task_status=task_status))
                 print(f"skippy: serving {names[0]} on {', '.join(binds)} (Ctrl-C to stop)", file=sys.stderr, flush=True)
         print("skippy: stopped", file=sys.stderr, flush=True)
 
@@ -269,6 +287,13 @@ def _pipeline_config(args: argparse.Namespace) -> dict:
             "groups": args.groups}
 
 
+def _stage_secret(args: argparse.Namespace) -> bytes | None:
+    """--secret-file, else $SKIPPY_STAGE_SECRET, else none."""
+    from .staged._auth import load_secret
+
+    return load_secret(args.secret_file)
+
+
 def _stage(args: argparse.Namespace) -> int:
     """A stage of a pipeline: layers [A, B). Stage 0 (A = 0) serves the OpenAI API on --listen."""
     from functools import partial
@@ -276,23 +301,28 @@ def _stage(args: argparse.Namespace) -> int:
     import trio
 
     from .server import wait_for_signal
+    from .staged._auth import ENV_VAR, is_loopback
     from .staged._pipeline import open_pipeline, parse_addr
     from .staged._stage import StageRuntime, serve_stage
 
     a, b = args.layers
     host, port = parse_addr(args.listen)
     next_addr = parse_addr(args.next) if args.next else None
+    secret = _stage_secret(args)
+    if a > 0 and secret is None and not args.insecure and not is_loopback(host):
+        raise SkippyError(f"refusing to listen on {host} without a stage secret: give --secret-file PATH (or "
+                          f"${ENV_VAR}) to every stage, or --insecure on a network you trust")
     path = _resolve_checked(args)
     if a == 0:
         if next_addr is None:
             raise SkippyError("stage 0 hands its activations down: give --next HOST:PORT (or use skippy serve)")
         config = _pipeline_config(args)
-        return _serve_engine(args, lambda: open_pipeline(path, b, next_addr, **config), host, port)
+        return _serve_engine(args, lambda: open_pipeline(path, b, next_addr, secret=secret, **config), host, port)
     runtime = StageRuntime(path, (a, b), **_stage_options(args))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            bound = await nursery.start(partial(serve_stage, runtime, host, port, next_addr,
+            bound = await nursery.start(partial(serve_stage, runtime, host, port, next_addr, secret=secret,
                                                 on_session_end=lambda stats: print(stats.line(), flush=True)))
             print(f"skippy stage: listening on {host}:{bound}", flush=True)
             await wait_for_signal()
@@ -308,42 +338,69 @@ def _stage(args: argparse.Namespace) -> int:
 def _pipeline(args: argparse.Namespace) -> int:
     """K stage processes on loopback; this process is stage 0 and serves the OpenAI API."""
     from .native import Model
-    from .staged import balanced_split, boundary_rule, layer_costs, validate_split
+    from .staged import balanced_split, layer_costs, validate_split
+    from .staged._auth import new_secret
     from .staged._launch import launch_stages
+    from .staged._layout import file_boundary_rule
     from .staged._pipeline import open_pipeline, parse_addr
 
     path = _resolve_checked(args)
     with Model(path, repack=False, layers=(0, 1)) as probe:  # n_layer and arch without the weights
         n_layer, arch = probe.n_layer, probe.arch
+    allowed = file_boundary_rule(path, arch)  # hybrid families: the file's own attention layers
     if args.layers:
         splits = [_layer_range(part) for part in args.layers.split(",")]
-        validate_split(splits, n_layer, allowed=boundary_rule(arch))
+        validate_split(splits, n_layer, allowed=allowed)
     else:
         per_layer, head = layer_costs(path)  # equal compute per stage, the output head on the last
-        splits = balanced_split(per_layer, head, args.stages, allowed=boundary_rule(arch))
+        splits = balanced_split(per_layer, head, args.stages, allowed=allowed)
     options = ["--n-batch", str(args.n_batch), "--threads", str(args.threads), "--floor-ctx", str(args.floor_ctx)]
     options += ["--n-ctx", str(args.n_ctx)] if args.n_ctx else []
     options += ["--memory", str(args.memory)] if args.memory else []
     options += ["--n-seq-max", str(args.n_seq_max)] if args.n_seq_max else []
+    # the stages listen on loopback, where any local user could connect: they always share a
+    # secret, the user's (--secret-file / $SKIPPY_STAGE_SECRET) or a fresh one for this run
+    secret = _stage_secret(args)
+    fresh = None
+    if args.secret_file:
+        options += ["--secret-file", str(args.secret_file)]
+    elif secret is None:
+        fresh = new_secret()
+        secret = fresh.encode()
     print(f"skippy: starting {len(splits)} stages: {', '.join(f'[{a}, {b})' for a, b in splits)}", file=sys.stderr)
-    stages = launch_stages(path, splits, options=options)
+    stages = launch_stages(path, splits, options=options, secret=fresh)
     try:
         config = _pipeline_config(args)
         next_addr = parse_addr(stages[0].addr)
-        return _serve_engine(args, lambda: open_pipeline(path, splits[0][1], next_addr, **config), args.host, args.port)
+        return _serve_engine(args, lambda: open_pipeline(path, splits[0][1], next_addr, secret=secret, **config),
+                             args.host, args.port)
     finally:
         for stage in stages:
             stage.stop()
 
 
 # skippy.models.synth.FAMILIES, spelled out: importing it (gguf, numpy) would slow every command
-SYNTH_FAMILIES = "llama, gemma2, deepseek2, falcon-h1, qwen3next, qwen2, qwen3, qwen3moe, phi3, mamba2"
+SYNTH_FAMILIES = ("llama, gemma2, deepseek2, falcon-h1, qwen3next, qwen2, qwen3, qwen3moe, phi3, mamba2, granite, "
+                  "olmo2, starcoder2, gpt-oss")
 
 
 def _add_model_options(parser: argparse.ArgumentParser) -> None:
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--model", help="GGUF path or real model name (default: the embedded SmolLM2)")
     where.add_argument("--family", help=f"a tiny synthetic model: {SYNTH_FAMILIES}")
+
+
+def _gpu_layers(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of layers: {text!r} (-1: all)") from None
+
+
+def _add_gpu_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--n-gpu-layers", type=_gpu_layers, default=0, metavar="N",
+                        help="layers on the GPU (-1: all; default 0); needs `skippy build --cuda`, a CPU build runs "
+                             "them on the CPU. Batch invariance is then the self-check's verdict, not a guarantee")
 
 
 def _add_server_options(parser: argparse.ArgumentParser, who: str = "") -> None:
@@ -355,6 +412,9 @@ def _add_server_options(parser: argparse.ArgumentParser, who: str = "") -> None:
                         help=f"{who}require 'Authorization: Bearer KEY' on every route but /health and /metrics "
                              "(repeatable; default: $SKIPPY_API_KEY, else no auth)")
     parser.add_argument("--max-waiting", type=int, default=256, help=f"{who}waiting-queue bound; past it: HTTP 429")
+    parser.add_argument("--max-body-bytes", type=_bytes, default=8 << 20, metavar="BYTES",
+                        help=f"{who}largest request body (e.g. 8M, the default); a larger one is answered 413 "
+                             "before it is read")
     parser.add_argument("--shutdown-deadline", type=float, default=30.0,
                         help=f"{who}seconds in-flight requests may take to finish after SIGINT/SIGTERM")
 
@@ -367,6 +427,11 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--groups", type=int, default=1,
                         help="engines at stage 0 whose steps interleave in the pipeline (sessions, lanes and "
                              "stage-0 cells split across them); fills the bubble at the step boundary")
+
+
+def _add_secret_option(parser: argparse.ArgumentParser, who: str) -> None:
+    parser.add_argument("--secret-file", type=Path, default=None, metavar="PATH",
+                        help=f"{who} (default: $SKIPPY_STAGE_SECRET); every stage of a pipeline needs the same one")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -382,9 +447,12 @@ def _parser() -> argparse.ArgumentParser:
     build.set_defaults(func=_build)
 
     models = sub.add_parser("models", help="model files").add_subparsers(dest="models_command", required=True)
-    synth_p = models.add_parser("synth", help="write a tiny synthetic model of an architecture")
+    synth_p = models.add_parser("synth", help="write a synthetic model of an architecture (tiny, or --size base)")
     synth_p.add_argument("family", help=SYNTH_FAMILIES)
     synth_p.add_argument("--seed", type=int, default=0)
+    synth_p.add_argument("--size", choices=("tiny", "base"), default="tiny",
+                         help="tiny (default, a few MB) or base: the dims of a small real model of the family, "
+                              "~300M params, Q4_K_M (deepseek2, falcon-h1, qwen3next; about a minute, cached)")
     synth_p.add_argument("--out", type=Path)
     synth_p.set_defaults(func=_synth)
     fetch_p = models.add_parser("fetch", help="fetch a real model (smollm2, gemma3) into the cache")
@@ -398,6 +466,7 @@ def _parser() -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=0.0)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--threads", type=int, default=2)
+    _add_gpu_option(gen)
     gen.set_defaults(func=_generate)
 
     demo = sub.add_parser("demo", help="N concurrent sessions through one engine; ends with one JSON line")
@@ -411,6 +480,7 @@ def _parser() -> argparse.ArgumentParser:
                       help="every session's prompt starts with the same K tokens (a system prompt)")
     _add_prefix_options(demo)
     _add_latency_options(demo)
+    _add_gpu_option(demo)
     demo.set_defaults(func=_demo)
 
     plan = sub.add_parser("plan", help="the lane plan the engine would use: pool cells, ceiling, bytes per component")
@@ -418,6 +488,7 @@ def _parser() -> argparse.ArgumentParser:
     _add_sizing_options(plan)
     _add_prefix_options(plan)
     plan.add_argument("--json", action="store_true", help="one JSON line")
+    _add_gpu_option(plan)
     plan.set_defaults(func=_plan)
 
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (completions, chat, SSE, /metrics)")
@@ -429,7 +500,20 @@ def _parser() -> argparse.ArgumentParser:
     _add_server_options(serve)
     _add_prefix_options(serve)
     _add_latency_options(serve)
+    serve.add_argument("--require-invariant", action="store_true",
+                       help="run the batch-invariance self-check first (or read its cached verdict) and refuse "
+                            "to serve a model that fails it (exit 2)")
+    _add_gpu_option(serve)
     serve.set_defaults(func=_serve)
+
+    check = sub.add_parser("check", help="self-check: N concurrent sequences give the same logits bits as alone "
+                                         "(exit 0 identical, 1 not identical, 2 error)")
+    _add_model_options(check)
+    check.add_argument("--threads", type=int, default=2, help="threads (as the server will run; part of the verdict)")
+    check.add_argument("--sequences", type=int, default=8)
+    check.add_argument("--max-tokens", type=int, default=32)
+    _add_gpu_option(check)
+    check.set_defaults(func=_check)
 
     stage = sub.add_parser("stage", help="one stage of a pipeline: layers A:B on --listen, handing down to --next")
     _add_model_options(stage)
@@ -437,6 +521,10 @@ def _parser() -> argparse.ArgumentParser:
     stage.add_argument("--listen", required=True,
                        help="HOST:PORT; stage 0 serves the OpenAI API there, later stages the next stage's link")
     stage.add_argument("--next", default=None, help="HOST:PORT of the next stage (none for the last)")
+    _add_secret_option(stage, "the stage secret: upstream must prove it (HMAC challenge-response) and this stage "
+                              "proves it to the next")
+    stage.add_argument("--insecure", action="store_true",
+                       help="listen on a non-loopback address without a stage secret (a trusted network only)")
     stage.add_argument("--threads", type=int, default=2)
     _add_sizing_options(stage)
     _add_server_options(stage, "stage 0: ")
@@ -451,6 +539,7 @@ def _parser() -> argparse.ArgumentParser:
     pipe.add_argument("--host", default="127.0.0.1", help="bind address of the API (default: loopback only)")
     pipe.add_argument("--port", type=int, default=8080)
     pipe.add_argument("--threads", type=int, default=2, help="threads per stage")
+    _add_secret_option(pipe, "the stage secret the stages share (default: a fresh random one per run)")
     _add_sizing_options(pipe)
     _add_server_options(pipe)
     _add_pipeline_options(pipe)

@@ -103,6 +103,10 @@ ARCH_CLASSES: dict[str, KvClass] = {
     "falcon-h1": KvClass.HYBRID,
     "qwen3next": KvClass.HYBRID,
     "mamba2": KvClass.RECURRENT,
+    "granite": KvClass.DENSE,
+    "olmo2": KvClass.DENSE,
+    "starcoder2": KvClass.DENSE,
+    "gpt-oss": KvClass.ISWA,  # sliding-window layers with attention sinks, global layers between
 }
 
 

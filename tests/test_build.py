@@ -82,3 +82,19 @@ def test_every_project_patch_is_in_the_key():
     names = [p.name for p in _source.patch_files()]
     assert names == sorted(names) and names, "patches/ holds the ordered queue"
     assert "0001-memory-ledger.patch" in names
+
+
+def test_build_cuda_gets_its_own_cache_entry(monkeypatch):
+    """`skippy build --cuda` passes GGML_CUDA=ON under another key: it never replaces the CPU build."""
+    import skippy.native
+    from skippy.cli import main
+
+    seen: list[BuildFlags] = []
+    monkeypatch.setattr(skippy.native, "ensure_built",
+                        lambda flags, tools, progress: seen.append(flags) or _build.locate(flags))
+    monkeypatch.delenv("SKIPPY_LLAMA_DEV_TREE", raising=False)
+    assert main(["build", "--cuda", "--quiet"]) == 0
+    assert main(["build", "--quiet"]) == 0
+    cuda, cpu = seen
+    assert cuda.cuda and not cpu.cuda and "-DGGML_CUDA=ON" in cuda.cmake_args()
+    assert _build.locate(cuda).root != _build.locate(cpu).root

@@ -1,12 +1,13 @@
-"""python -m bench.gate {sweep,check,report}: run a sweep, judge it, or redraw its report.
+"""python -m bench.gate {sweep,matrix,check,report}: run a sweep or the matrix, judge it, or redraw its report.
 
     sweep   run engines x workloads x loads, write bench/results/<name>/ (JSON, summary.md, PNGs)
-    check   per-engine-pair verdicts over a results dir; exit 1 when new falls short
+    matrix  a sweep and an overload run per KV class, one verdict row per class (bench/gate/matrix.py)
+    check   per-engine-pair verdicts over a results dir (per class for a matrix); exit 1 when new falls short
     report  rewrite summary.md and the plots from results.json (e.g. under another SLO)
 
 `sweep --quick` is the end-to-end smoke run (tiny synthetic model, N in {1, 4}, a few
 requests, skippy, single-lane and llama-server); every quick default can still be overridden
-(`--engines` any of the five).
+(`--engines` any of the five). `matrix --quick` does the same for every class on its tiny model.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import shlex
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import trio
 
@@ -44,8 +45,6 @@ QUICK: dict[str, Any] = dict(
     warmup=1, n_ctx=1024, n_batch=64, short_in=32, long_in=128, short_out=8, long_out=32,
     slo_ttft_ms=1000.0, slo_tpot_ms=100.0, request_timeout=60.0, startup_timeout=60.0,
 )
-
-
 def _sweep_parser(sub: Any) -> None:
     p = sub.add_parser("sweep", help="run a sweep and write bench/results/<name>/")
     p.add_argument("--quick", action="store_true", help="smoke run: tiny synthetic llama, N in {1,4}, few requests")
@@ -54,8 +53,14 @@ def _sweep_parser(sub: Any) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--model", help="GGUF path or real model name (default: skippy's embedded SmolLM2)")
     where.add_argument("--family", help="a tiny synthetic model: llama, gemma2, deepseek2, falcon-h1, qwen3next")
+    _run_args(p, QUICK_ENGINES)
+    p.set_defaults(func=_sweep)
+
+
+def _run_args(p: argparse.ArgumentParser, quick_engines: Sequence[str]) -> None:
+    """The options a sweep and the matrix share."""
     p.add_argument("--engines", nargs="+", choices=ENGINES,
-                   help=f"default: all ({' '.join(ENGINES)}); --quick: {' '.join(QUICK_ENGINES)}")
+                   help=f"default: all ({' '.join(ENGINES)}); --quick: {' '.join(quick_engines)}")
     p.add_argument("--workloads", nargs="+", choices=workload_names())
     p.add_argument("--concurrency", "-N", nargs="+", type=int, help="closed-loop N values")
     p.add_argument("--rates", nargs="+", type=float, help="open-loop Poisson rates (req/s)")
@@ -83,11 +88,11 @@ def _sweep_parser(sub: Any) -> None:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--no-batched-bench", action="store_true", help="skip the llama-batched-bench reference")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
-    p.set_defaults(func=_sweep)
 
 
 def _thresholds_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--at-n", type=int, default=32, help="the target concurrency of the @N checks (default 32)")
+    p.add_argument("--at-n", type=int, help="the target concurrency of the @N checks (default 32; a matrix: "
+                   "each class's own, 32 where swept)")
     p.add_argument("--vs-single-lane-throughput", type=float, default=DEFAULTS[OLD].throughput_ratio)
     p.add_argument("--vs-single-lane-goodput", type=float, default=DEFAULTS[OLD].goodput_ratio)
     p.add_argument("--vs-llama-throughput", type=float, default=DEFAULTS[PEER].throughput_ratio)
@@ -117,6 +122,9 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bench.gate", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     _sweep_parser(sub)
+    from .matrix_cli import matrix_parser
+
+    matrix_parser(sub)
     check = sub.add_parser("check", help="per-engine-pair verdicts; exit 1 when new falls short")
     check.add_argument("results", type=Path, help="a results directory (or its results.json)")
     _thresholds_args(check)
@@ -129,12 +137,12 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def sweep_options(args: argparse.Namespace):
+def sweep_options(args: argparse.Namespace, full: dict[str, Any] = FULL, quick: dict[str, Any] = QUICK):
     """SweepOptions from the command line: explicit options over quick defaults over full ones."""
     from .sweep import SweepOptions
 
-    base = {**FULL, **(QUICK if args.quick else {})}
-    if args.model is not None or args.family is not None:
+    base = {**full, **(quick if args.quick else {})}
+    if getattr(args, "model", None) is not None or getattr(args, "family", None) is not None:
         base.update(model=args.model, family=args.family)
     v = {k: (getattr(args, k) if getattr(args, k, None) is not None else d) for k, d in base.items()}
     lengths = Lengths(v["short_in"], v["long_in"], v["short_out"], v["long_out"], v["shared_fraction"])
@@ -187,21 +195,51 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check(args: argparse.Namespace) -> int:
-    meta, runs, _ = load_results(args.results)
+def _thresholds(args: argparse.Namespace) -> dict[str, Thresholds]:
     peer = Thresholds(args.vs_llama_throughput, args.vs_llama_goodput, args.p99_ttft_slack, args.n1_tolerance)
-    thresholds = {
+    return {
         OLD: Thresholds(args.vs_single_lane_throughput, args.vs_single_lane_goodput, args.p99_ttft_slack,
                         args.n1_tolerance),
         PEER: peer,
         STOCK: peer,
     }
-    checks = gate(summaries(runs, _slo(args, meta)), args.at_n, thresholds, args.workloads)
+
+
+def _slo_override(args: argparse.Namespace) -> Slo | None:
+    if args.slo_ttft_ms is None and args.slo_tpot_ms is None and args.slo_e2e_ms is None:
+        return None
+    return Slo(args.slo_ttft_ms, args.slo_tpot_ms, args.slo_e2e_ms)
+
+
+def _check_matrix(args: argparse.Namespace) -> int:
+    from .matrix import load_matrix
+    from .matrix_report import check_text, verdicts
+
+    data, classes = load_matrix(args.results)
+    rows = verdicts(data, classes, _thresholds(args), _slo_override(args), args.at_n, args.workloads)
+    print(check_text(rows))
+    return 0 if rows and all(v.passed for _, v in rows) else 1
+
+
+def _check(args: argparse.Namespace) -> int:
+    from .matrix import is_matrix
+
+    if is_matrix(args.results):
+        return _check_matrix(args)
+    meta, runs, _ = load_results(args.results)
+    thresholds = _thresholds(args)
+    checks = gate(summaries(runs, _slo(args, meta)), args.at_n or 32, thresholds, args.workloads)
     print(render(checks))
     return 0 if checks and all(c.passed for c in checks) else 1
 
 
 def _report(args: argparse.Namespace) -> int:
+    from .matrix import is_matrix
+    from .matrix_report import write_matrix_report
+
+    if is_matrix(args.results):
+        print(write_matrix_report(args.results, slo_override=_slo_override(args)))
+        return 0
     meta, runs, batched = load_results(args.results)
     out = args.results if args.results.is_dir() else args.results.parent
     write_report(out, meta, runs, batched, _slo(args, meta))

@@ -21,6 +21,8 @@ PREFIX_RESIDENT = "skippy_prefix_cache_resident_tokens"  # tokens the prefix cac
 STEP_OVERHEAD = "skippy_step_overhead_ratio"  # a gauge: share of busy wall time outside the decode, since start
 STEP_BUSY = "skippy_step_busy_seconds_total"  # the counters that ratio is made of: a run's own delta
 STEP_DECODE = "skippy_step_decode_seconds_total"
+KV_BYTES_PER_CELL = "skippy_kv_bytes_per_cell"  # per component: bytes of one cell (one state slot if recurrent)
+QUEUE_REJECTIONS = "skippy_queue_rejections_total"  # requests answered 429 (waiting queue full)
 
 
 @attrs.frozen
@@ -36,6 +38,8 @@ class Scrape:
     step_overhead: float | None = None  # None on a server that does not expose it
     step_busy: float | None = None
     step_decode: float | None = None
+    kv_bytes_per_cell: dict[str, float] = attrs.field(factory=dict)
+    rejections: float | None = None
 
 
 def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -67,10 +71,12 @@ def _gauge(found: dict[str, list[tuple[dict[str, str], float]]], name: str) -> f
 def parse_scrape(text: str) -> Scrape:
     found = samples(text)
     kv = {labels.get("component", ""): v for labels, v in found.get(KV_USED, [])}
+    per_cell = {labels.get("component", ""): v for labels, v in found.get(KV_BYTES_PER_CELL, [])}
     return Scrape(kv_used=kv, running=_scalar(found, RUNNING), prefix_queries=_scalar(found, PREFIX_QUERIES),
                   prefix_hits=_scalar(found, PREFIX_HITS), preemptions=_scalar(found, PREEMPTIONS),
                   prefix_resident=_scalar(found, PREFIX_RESIDENT), step_overhead=_gauge(found, STEP_OVERHEAD),
-                  step_busy=_scalar(found, STEP_BUSY), step_decode=_scalar(found, STEP_DECODE))
+                  step_busy=_scalar(found, STEP_BUSY), step_decode=_scalar(found, STEP_DECODE),
+                  kv_bytes_per_cell=per_cell, rejections=_scalar(found, QUEUE_REJECTIONS))
 
 
 def scrape_json(s: Scrape) -> dict[str, Any]:

@@ -86,19 +86,27 @@ def server_readings(before: Scrape | None, after: Scrape | None, samples: list[S
         return None if a is None or b is None else a - b
 
     components = sorted({c for s in samples for c in s.kv_used})
+    per_session = {c: cells_per_session((s.kv_used.get(c, 0.0), s.running or 0.0) for s in samples)
+                   for c in components}
     return {
         "prefix_hit_rate": counter_delta_ratio(before.prefix_hits, after.prefix_hits,
                                                before.prefix_queries, after.prefix_queries),
         "prefix_queries_tokens": delta("prefix_queries"),
         "prefix_hits_tokens": delta("prefix_hits"),
         "preemptions": delta("preemptions"),
+        "queue_rejections": delta("rejections"),
         "prefix_resident_tokens_end": after.prefix_resident,  # in the used cells too (maybe shared with sessions)
         "step_overhead_ratio": step_overhead(before, after, samples),
         "step_overhead_ratio_end": after.step_overhead,  # the server's gauge: since it started
-        "kv_cells_per_session": {
-            c: cells_per_session((s.kv_used.get(c, 0.0), s.running or 0.0) for s in samples) for c in components
-        },
+        "kv_cells_per_session": per_session,
+        "kv_bytes_per_session": kv_bytes_per_session(per_session, after.kv_bytes_per_cell),
     }
+
+
+def kv_bytes_per_session(cells: dict[str, dict[str, float | None]], per_cell: dict[str, float]) -> dict[str, float]:
+    """Mean KV bytes a running session held per component: mean cells x bytes per cell (for a
+    recurrent component a cell is one state slot); components without both readings are left out."""
+    return {c: v["mean"] * per_cell[c] for c, v in cells.items() if v.get("mean") is not None and c in per_cell}
 
 
 async def run_one(server: Server, client: httpx.AsyncClient, engine: str, workload: Workload, load: Load,

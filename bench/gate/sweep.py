@@ -42,6 +42,7 @@ class SweepOptions:
     concurrency: tuple[int, ...]
     rates: tuple[float, ...] = ()
     open_slots: int = 32  # llama-server -np under Poisson load
+    slots: int | None = None  # llama-server -np at every load (an overload run); None: N, or open_slots
     slo: Slo = Slo()
     request_timeout: float = 600.0
     startup_timeout: float = 120.0
@@ -73,12 +74,13 @@ def meta(opts: SweepOptions, tools: Tools) -> dict[str, Any]:
                   "path": str(opts.server.model.path), "bytes": opts.server.model.path.stat().st_size},
         "server": {"threads": opts.server.threads, "n_ctx": opts.server.n_ctx, "n_batch": opts.server.n_batch},
         "engines": list(opts.engines),
-        "argv": {e: server_argv(e, opts.server, "PORT", "N", tools) for e in opts.engines},
+        "argv": {e: server_argv(e, opts.server, "PORT", opts.slots or "N", tools) for e in opts.engines},
         "tools": {"patched": str(tools.patched), "stock": None if tools.stock is None else str(tools.stock)},
         "workloads": [attrs.asdict(w) for w in opts.workloads],
         "lengths": attrs.asdict(opts.lengths),
         "loads": [attrs.asdict(load) for load in opts.loads],
         "open_slots": opts.open_slots,
+        "slots": opts.slots,
         "run": attrs.asdict(opts.run),
         "slo": attrs.asdict(opts.slo),
         "request_timeout": opts.request_timeout,
@@ -109,7 +111,7 @@ async def run_sweep(opts: SweepOptions) -> dict[str, Any]:
     for load in opts.loads:
         for engine in opts.engines:
             port = free_port()
-            argv = server_argv(engine, opts.server, port, load.n or opts.open_slots, tools)
+            argv = server_argv(engine, opts.server, port, opts.slots or load.n or opts.open_slots, tools)
             log = opts.out / "logs" / f"{engine}-{load.label.replace(' ', '').replace('/', '_')}.log"
             async with running_server(argv, port, log, startup_timeout=opts.startup_timeout) as server:
                 async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:

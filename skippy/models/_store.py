@@ -10,16 +10,24 @@ from . import synth
 from ._fetch import DEFAULT_MODEL, REAL_MODELS, real_model
 
 
-def synthetic_model(family: str, seed: int = 0, deep: bool = False) -> Path:
-    """The tiny model of a family, written once per (family, seed, depth, generator version).
-    `deep`: enough layers to split into three stages."""
+def synthetic_model(family: str, seed: int = 0, deep: bool = False, size: str = "tiny") -> Path:
+    """The synthetic model of a family, written once per (family, seed, depth, size, quantization,
+    generator version). `deep`: enough layers to split into three stages. `size="base"`: the
+    realistic shape of synth.BASE, quantized as users run it (synth.base_quant(); a minute to write
+    the first time)."""
     if family not in synth.FAMILIES + synth.REFUSED_FAMILIES:
         raise ModelLoadError(f"unknown family {family!r}; known: {', '.join(synth.FAMILIES)}")
+    if size not in synth.SIZES:
+        raise ModelLoadError(f"unknown size {size!r}; known: {', '.join(synth.SIZES)}")
+    if size == "base" and family not in synth.BASE:
+        raise ModelLoadError(f"no base size for {family!r}; base families: {', '.join(synth.BASE)}")
     depth = "-deep" if deep else ""
-    path = cache_root() / "models" / "synth" / f"{family}{depth}-s{seed}-v{synth.GENERATOR_VERSION}.gguf"
+    shape = f"-base-{synth.base_quant().lower()}" if size == "base" else ""
+    name = f"{family}{depth}{shape}-s{seed}-v{synth.GENERATOR_VERSION}.gguf"
+    path = cache_root() / "models" / "synth" / name
     if not path.exists():
         path.parent.mkdir(parents=True, exist_ok=True)
-        synth.write_synthetic(family, path, seed=seed, deep=deep)
+        synth.write_synthetic(family, path, seed=seed, deep=deep, size=size)
     return path
 
 

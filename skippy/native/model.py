@@ -21,10 +21,14 @@ class Model:
                  layers: tuple[int, int] | None = None) -> None:
         """`repack=False` keeps weights in their file layout: the repacked CPU kernels
         process columns in groups, so batch-invariant serving loads without them.
+        `n_gpu_layers` layers (negative: all) go to a GPU when the build has one (`skippy build
+        --cuda`); a CPU-only build ignores it and runs every layer on the CPU.
         `layers=(a, b)` loads a stage: layers [a, b) only (patch 0006); a stage after the first
         takes hidden states, one before the last returns them (see Context.decode)."""
         self.path = Path(path)
         self.arch = check_gguf(self.path)
+        if isinstance(n_gpu_layers, bool) or not isinstance(n_gpu_layers, int):
+            raise InvalidInputError(f"n_gpu_layers must be an integer, got {n_gpu_layers!r}")
         self._ffi, self._lib = _lib.load()
         params = self._lib.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
@@ -35,6 +39,7 @@ class Model:
                 raise InvalidInputError(f"layer range [{begin}, {end}) is empty or negative")
             params.layer_begin, params.layer_end = begin, end
         self.repack = repack
+        self.n_gpu_layers = n_gpu_layers
         ptr = self._lib.llama_model_load_from_file(os.fsencode(self.path), params)
         if ptr == self._ffi.NULL:
             what = f" as a stage of layers [{layers[0]}, {layers[1]})" if layers else ""

@@ -24,8 +24,10 @@ MEMORY_TYPES = {
     "llama": "llama_kv_cache", "qwen2": "llama_kv_cache", "qwen3": "llama_kv_cache", "qwen3moe": "llama_kv_cache",
     "phi3": "llama_kv_cache", "deepseek2": "llama_kv_cache", "gemma2": "llama_kv_cache_iswa",
     "falcon-h1": "llama_memory_hybrid", "qwen3next": "llama_memory_hybrid", "mamba2": "llama_memory_recurrent",
+    "granite": "llama_kv_cache", "olmo2": "llama_kv_cache", "starcoder2": "llama_kv_cache",
+    "gpt-oss": "llama_kv_cache_iswa",
 }
-NEW = ["qwen2", "qwen3", "qwen3moe", "phi3", "mamba2"]
+NEW = ["qwen2", "qwen3", "qwen3moe", "phi3", "mamba2", "granite", "olmo2", "starcoder2", "gpt-oss"]
 N_REQUESTS = 4
 MAX_TOKENS = 16
 

@@ -59,7 +59,8 @@ def test_the_family_help_names_every_synthetic_family():
 
 
 @pytest.mark.parametrize("family", ["llama", "gemma2", "deepseek2", "falcon-h1", "qwen3next",
-                                    "qwen2", "qwen3", "qwen3moe", "phi3", "mamba2"])
+                                    "qwen2", "qwen3", "qwen3moe", "phi3", "mamba2", "granite", "olmo2",
+                                    "starcoder2", "gpt-oss"])
 def test_plan_prints_the_plan_the_engine_uses(native_build, family):
     import json
 

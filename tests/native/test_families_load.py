@@ -23,6 +23,10 @@ EXPECTED = {
     "qwen3moe": (KvClass.DENSE, (ComponentKind.ATTN,)),
     "phi3": (KvClass.DENSE, (ComponentKind.ATTN,)),
     "mamba2": (KvClass.RECURRENT, (ComponentKind.RECURRENT,)),
+    "granite": (KvClass.DENSE, (ComponentKind.ATTN,)),
+    "olmo2": (KvClass.DENSE, (ComponentKind.ATTN,)),
+    "starcoder2": (KvClass.DENSE, (ComponentKind.ATTN,)),
+    "gpt-oss": (KvClass.ISWA, (ComponentKind.ATTN, ComponentKind.SWA)),  # sliding-window layers with sinks
 }
 PROMPT = "Once upon a time there was a small robot"
 

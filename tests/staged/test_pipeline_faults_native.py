@@ -158,8 +158,11 @@ async def test_stages_as_separate_hosts_in_network_namespaces(two_hosts, synth_m
     host_a, host_b = two_hosts
     path = synth_model_path("qwen3next", deep=True)
     splits = PINNED_SPLITS["qwen3next"][3]
-    last = StageProcess(stage_argv(path, splits[2], "10.213.2.2:7702", None, OPTIONS), netns=host_b)
-    middle = StageProcess(stage_argv(path, splits[1], "10.213.1.2:7701", "10.213.2.2:7702", OPTIONS), netns=host_a)
+    # stages on network addresses need the stage secret (skippy stage refuses to listen there without one)
+    secret = {"SKIPPY_STAGE_SECRET": "a secret shared by the three hosts"}
+    last = StageProcess(stage_argv(path, splits[2], "10.213.2.2:7702", None, OPTIONS), netns=host_b, env=secret)
+    middle = StageProcess(stage_argv(path, splits[1], "10.213.1.2:7701", "10.213.2.2:7702", OPTIONS), netns=host_a,
+                          env=secret)
     try:
         with trio.fail_after(180):
             from skippy.engine import open_engine
@@ -167,7 +170,8 @@ async def test_stages_as_separate_hosts_in_network_namespaces(two_hosts, synth_m
             prompts = _prompts(4)
             async with open_engine(path, prefix_cache=False, **CONFIG) as engine:
                 solo = [(await _tokens(engine, [p], 5))[0] for p in prompts]
-            async with open_pipeline(path, splits[0][1], ("10.213.1.2", 7701), **CONFIG) as engine:
+            async with open_pipeline(path, splits[0][1], ("10.213.1.2", 7701),
+                                     secret=secret["SKIPPY_STAGE_SECRET"].encode(), **CONFIG) as engine:
                 assert engine.pipeline.n_stages == 3
                 assert await _tokens(engine, prompts, 5) == solo
     finally:

@@ -18,7 +18,7 @@ import trio
 
 from skippy.engine import open_engine
 from skippy.errors import StageUnavailableError
-from skippy.staged import PINNED_SPLITS, Error, FrameStream, Hello, connect
+from skippy.staged import PINNED_SPLITS, VERSION, Error, FrameStream, Hello, connect
 from skippy.staged._pipeline import open_pipeline
 from skippy.staged._stage import StageRuntime, serve_stage
 
@@ -174,7 +174,7 @@ async def test_a_malformed_frame_is_refused_and_the_stage_serves_on(synth_model_
             link = await connect("127.0.0.1", port)
             hello = await _hello(link, Hello(0, 1, 0, 3, 6, last.model.n_embd, last.digest))
             assert isinstance(hello, Hello) and (hello.layer_begin, hello.layer_end, hello.n_stages) == (3, 6, 2)
-            await link.stream.send_all(b"SKPF" + (2).to_bytes(2, "little") + (99).to_bytes(2, "little")
+            await link.stream.send_all(b"SKPF" + VERSION.to_bytes(2, "little") + (99).to_bytes(2, "little")
                                        + (0).to_bytes(8, "little"))
             reply = await link.receive()
             assert isinstance(reply, Error) and reply.code == "bad_frame" and "unknown frame kind 99" in reply.message

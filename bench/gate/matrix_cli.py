@@ -1,0 +1,114 @@
+"""`python -m bench.gate matrix`: its options, defaults and entry point (the runner is matrix.py).
+
+Kept apart from cli.py so the sweep's command line stays as it was; the matrix reuses the
+sweep's options (cli._run_args) and builds one SweepOptions per class with cli.sweep_options.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any, Sequence
+
+import attrs
+import trio
+
+from .cli import FULL, QUICK, RESULTS_ROOT, _run_args, _until_signal, sweep_options
+from .matrix import (
+    CLASS_NAMES,
+    CLASSES,
+    MatrixOptions,
+    OverloadPlan,
+    auto_n_ctx,
+    class_model,
+    run_matrix,
+)
+from .verdict import SloScale
+
+# the matrix: every class at N up to 64 on chat, gen (128 -> 256) and the shared-prefix chat; n_ctx
+# None = big enough for the largest N at full length (matrix.auto_n_ctx, at least the floor below)
+MATRIX: dict[str, Any] = dict(
+    FULL, name="matrix", workloads=["chat", "gen", "chat-shared"], concurrency=[1, 2, 4, 8, 16, 32, 64],
+    requests_per_worker=2, min_requests=16, long_out=256, n_ctx=None,
+)
+MATRIX_QUICK: dict[str, Any] = dict(
+    QUICK, name="matrix-quick", engines=["skippy", "llama-server"], concurrency=[1, 4], requests_per_worker=1,
+    min_requests=4, long_out=16, n_ctx=None,
+)
+N_CTX_FLOOR = {False: 4096, True: 1024}  # auto n_ctx never goes below this (full, quick)
+OVERLOAD = {False: dict(n=64, lanes=16, waiting=16), True: dict(n=8, lanes=2, waiting=2)}
+
+
+def matrix_parser(sub: Any) -> None:
+    p = sub.add_parser("matrix", help="the gate for every KV class: a sweep and an overload run per class, "
+                                      "one verdict row each in bench/results/<name>/summary.md")
+    p.add_argument("--quick", action="store_true",
+                   help="CI run: each class's tiny synthetic model, N in {1,4}, skippy and llama-server, few requests")
+    p.add_argument("--name", help=f"results subdirectory (default {MATRIX['name']}; quick: {MATRIX_QUICK['name']})")
+    p.add_argument("--out-dir", type=Path, default=RESULTS_ROOT, help="where <name>/ goes (default bench/results)")
+    p.add_argument("--classes", nargs="+", choices=CLASS_NAMES, help=f"default: all ({' '.join(CLASS_NAMES)})")
+    p.add_argument("--class-n", action="append", default=[], metavar="CLASS=N,N,...",
+                   help="closed-loop N for one class instead of -N (repeatable), e.g. --class-n mla=1,8,32")
+    p.add_argument("--overload-n", type=int, help=f"overload workers (default {OVERLOAD[False]['n']}; "
+                   f"quick {OVERLOAD[True]['n']})")
+    p.add_argument("--overload-lanes", type=int, help="skippy --n-seq-max and llama-server -np of the overload run "
+                   f"(default {OVERLOAD[False]['lanes']}; quick {OVERLOAD[True]['lanes']})")
+    p.add_argument("--overload-waiting", type=int, help="skippy --max-waiting of the overload run (default "
+                   f"{OVERLOAD[False]['waiting']}; quick {OVERLOAD[True]['waiting']})")
+    p.add_argument("--no-overload", action="store_true", help="skip the overload runs (the verdicts then fail)")
+    p.add_argument("--slo-scale-ttft", type=float, default=SloScale().ttft_x,
+                   help="scaled SLO: TTFT <= this x the engines' median N=1 TTFT p50 (default %(default)s)")
+    p.add_argument("--slo-scale-tpot", type=float, default=SloScale().tpot_x,
+                   help="scaled SLO: TPOT <= this x the engines' median N=1 TPOT p50 (default %(default)s)")
+    p.add_argument("--at-n", type=int, help="the N of the @N checks (default 32 where swept, else the largest N)")
+    _run_args(p, tuple(MATRIX_QUICK["engines"]))
+    p.set_defaults(func=run)
+
+
+def _class_n(specs: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """--class-n mla=1,8,32 -> {"mla": (1, 8, 32)}."""
+    out = {}
+    for spec in specs:
+        name, sep, ns = spec.partition("=")
+        try:
+            values = tuple(int(n) for n in ns.split(",") if n)
+        except ValueError:
+            values = ()
+        if not sep or not values:
+            raise SystemExit(f"bench: --class-n wants CLASS=N,N,... (got {spec!r})")
+        out[name] = values
+    return out
+
+
+def matrix_options(args: argparse.Namespace) -> MatrixOptions:
+    """MatrixOptions: per class the sweep options of the command line over the matrix defaults,
+    with the class's model, its own N (--class-n) and a pool that holds them (unless --n-ctx)."""
+    chosen = [c for c in CLASSES if not args.classes or c.name in args.classes]
+    per_class = _class_n(args.class_n)
+    unknown = set(per_class) - {c.name for c in CLASSES}
+    if unknown:
+        raise SystemExit(f"bench: --class-n for unknown class {', '.join(sorted(unknown))}")
+    name = args.name or (MATRIX_QUICK if args.quick else MATRIX)["name"]
+    out = args.out_dir / name
+    sweeps = {}
+    for c in chosen:
+        spec = class_model(c, args.quick)
+        ns = argparse.Namespace(**{**vars(args), "model": spec.model, "family": spec.family,
+                                   "concurrency": per_class.get(c.name, args.concurrency)})
+        opts = sweep_options(ns, MATRIX, MATRIX_QUICK)
+        n_ctx = args.n_ctx or auto_n_ctx(opts.concurrency, opts.workloads, N_CTX_FLOOR[args.quick])
+        sweeps[c.name] = attrs.evolve(opts, out=out / c.name, server=attrs.evolve(opts.server, n_ctx=n_ctx),
+                                      batched_bench=opts.batched_bench and not args.quick)
+    plan = {**OVERLOAD[args.quick], **{k: v for k, v in (("n", args.overload_n), ("lanes", args.overload_lanes),
+                                                          ("waiting", args.overload_waiting)) if v is not None}}
+    return MatrixOptions(out=out, classes=tuple(chosen), sweeps=sweeps,
+                         overload=None if args.no_overload else OverloadPlan(**plan),
+                         scale=SloScale(args.slo_scale_ttft, args.slo_scale_tpot), at_n=args.at_n, quick=args.quick)
+
+
+def run(args: argparse.Namespace) -> int:
+    opts = matrix_options(args)
+    if not trio.run(_until_signal, lambda: run_matrix(opts)):
+        return 130
+    print(opts.out / "summary.md")
+    return 0

@@ -1,0 +1,124 @@
+"""One verdict per KV class of a matrix run: the gate's checks under a hardware-scaled SLO, plus
+the overload run. Pure (records in, verdicts out), so it is unit-tested on hand-made runs.
+
+Why a scaled SLO: the seed's fixed SLO (TTFT 2 s, TPOT 200 ms) is a GPU-era figure; on a 2-core
+CPU a 300M model's single-user TPOT is already tens of ms, so the fixed SLO either passes every
+engine or none. The scaled SLO puts the bar at a multiple of what this hardware does for one
+user: per class and workload, TTFT <= `ttft_x` x and TPOT <= `tpot_x` x the median over the
+engines of their N=1 p50. One bar for every engine of the class, so goodput compares like with
+like; the fixed SLO is reported beside it.
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Iterable, Mapping, Sequence
+
+import attrs
+
+from .engines import FAST, NEW
+from .gate import Check, Key, Thresholds, gate
+from .metrics import Slo, Summary
+from .records import RunResult
+from .report import run_summary
+
+REJECTED = "HTTP 429"  # the waiting queue was full: a clean answer under overload, not a failure
+
+
+@attrs.frozen
+class SloScale:
+    """The scaled SLO's rule: multiples of the engines' median N=1 p50 TTFT and TPOT."""
+
+    ttft_x: float = 10.0
+    tpot_x: float = 5.0
+
+    def rule(self) -> str:
+        return (f"per class and workload, TTFT ≤ {self.ttft_x:g} × and TPOT ≤ {self.tpot_x:g} × the median over "
+                "the engines of their N=1 p50 (TTFT, TPOT); one bar for every engine")
+
+
+def scaled_slo(runs: Iterable[RunResult], workload: str, scale: SloScale) -> Slo | None:
+    """The scaled SLO of one workload, from its closed-loop N=1 runs; None without any."""
+    ones = [run_summary(r, Slo()) for r in runs
+            if r.workload == workload and r.load.kind == "closed" and r.load.n == 1]
+    ttfts = [s.ttft_p50_ms for s in ones if s.ttft_p50_ms is not None]
+    tpots = [s.tpot_p50_ms for s in ones if s.tpot_p50_ms is not None]
+    if not ttfts or not tpots:
+        return None
+    return Slo(scale.ttft_x * statistics.median(ttfts), scale.tpot_x * statistics.median(tpots))
+
+
+def class_summaries(runs: Sequence[RunResult], slos: Mapping[str, Slo | None]) -> dict[Key, Summary]:
+    """Every run summarized under its workload's SLO (none: goodput absent, so its check fails)."""
+    return {(r.engine, r.workload, r.load.kind, r.load.x): run_summary(r, slos.get(r.workload) or Slo())
+            for r in runs}
+
+
+@attrs.frozen
+class Overload:
+    """One engine's overload run: requests answered, refused with 429, and failed otherwise."""
+
+    engine: str
+    n: int
+    lanes: int
+    ok: int
+    rejected: int
+    failed: int
+    errors: tuple[str, ...] = ()  # a few distinct failure messages
+
+    @property
+    def clean(self) -> bool:
+        return self.failed == 0 and self.ok > 0
+
+
+def overload_counts(run: RunResult, lanes: int) -> Overload:
+    measured = run.measured()
+    rejected = [r for r in measured if r.error is not None and r.error.startswith(REJECTED)]
+    failed = [r for r in measured if r.error is not None and not r.error.startswith(REJECTED)]
+    errors = tuple(dict.fromkeys(str(r.error)[:120] for r in failed))[:3]
+    return Overload(run.engine, run.load.n or 0, lanes, sum(r.ok for r in measured), len(rejected), len(failed),
+                    errors)
+
+
+@attrs.frozen
+class ClassVerdict:
+    name: str
+    at_n: int
+    checks: tuple[Check, ...]
+    overload: tuple[Overload, ...]
+    slos: dict[str, Slo | None] = attrs.field(hash=False)
+
+    @property
+    def overload_clean(self) -> bool | None:
+        """True/False for the skippy engines' overload runs; None when none ran (absent evidence)."""
+        mine = [o for o in self.overload if o.engine in (NEW, FAST)]
+        return all(o.clean for o in mine) if mine else None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.checks) and all(c.passed for c in self.checks) and self.overload_clean is True
+
+
+def class_verdict(name: str, runs: Sequence[RunResult], overload_runs: Sequence[RunResult], lanes: int, at_n: int,
+                  thresholds: Mapping[str, Thresholds], scale: SloScale,
+                  slo_override: Slo | None = None, workloads: Sequence[str] | None = None) -> ClassVerdict:
+    """The gate's checks on every closed-loop workload at `at_n` under the scaled SLO (or
+    `slo_override`), and each engine's overload counts."""
+    names = list(dict.fromkeys(r.workload for r in runs if r.load.kind == "closed"))
+    slos = {w: slo_override or scaled_slo(runs, w, scale) for w in names}
+    checks = gate(class_summaries(runs, slos), at_n, thresholds, workloads)
+    return ClassVerdict(name, at_n, tuple(checks), tuple(overload_counts(r, lanes) for r in overload_runs), slos)
+
+
+def ratio(checks: Sequence[Check], engine: str, reference: str, name: str) -> float | None:
+    """The worst new/reference ratio of one check over the workloads; None when any lacks data."""
+    mine = [c for c in checks if c.engine == engine and c.reference == reference and c.name == name]
+    if not mine or any(c.new is None or not c.ref for c in mine):
+        return None
+    return min(c.new / c.ref for c in mine)  # type: ignore[operator]
+
+
+def all_passed(checks: Sequence[Check], prefix: str, engine: str = NEW) -> bool | None:
+    """Whether every check whose name starts with `prefix` passed for `engine`; None if none."""
+    mine = [c for c in checks if c.engine == engine and c.name.startswith(prefix)]
+    return all(c.passed for c in mine) if mine else None
