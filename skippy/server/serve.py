@@ -4,13 +4,16 @@
 returns the bound addresses). When `shutdown_trigger` returns: new requests get 503,
 in-flight ones may finish until the deadline, the rest are cancelled (their cells freed at
 the next step), then hypercorn stops and `serve_app` returns. Requests are bounded by
-`limits.HttpLimits` (body size, header size, requests per connection).
+`limits.HttpLimits` (body size, header size, requests per connection). With `certfile` and
+`keyfile` it serves HTTPS only (hypercorn's TLS: 1.2 or newer, ALPN h2 and http/1.1).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import signal
+import ssl
 from functools import partial
 from typing import Any, Awaitable, Callable
 
@@ -19,14 +22,25 @@ from hypercorn.config import Config
 from hypercorn.trio import serve as hypercorn_serve
 from loguru import logger
 
+from ..errors import SkippyError
 from . import _hypercorn_eof
 from .app import ServerState
 from .limits import HttpLimits, RequestLimits
 
+TLS_HANDSHAKE_TIMEOUT_S = 10.0  # hypercorn's default (60 s) lets a silent client hold a connection longer
+
+
+class TLSConfigError(SkippyError):
+    """The API's TLS certificate or key cannot be loaded (or only one of them is given)."""
+
 
 def hypercorn_config(host: str, port: int, *, graceful_timeout: float = 5.0,
-                     limits: HttpLimits | None = None) -> Config:
+                     limits: HttpLimits | None = None, certfile: os.PathLike[str] | str | None = None,
+                     keyfile: os.PathLike[str] | str | None = None) -> Config:
     config = Config()
+    if check_tls_files(certfile, keyfile):
+        config.certfile, config.keyfile = os.fspath(certfile), os.fspath(keyfile)
+        config.ssl_handshake_timeout = TLS_HANDSHAKE_TIMEOUT_S
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
     # hypercorn's own errors (an exception that escaped the app, a failed send) reach loguru at
@@ -38,6 +52,22 @@ def hypercorn_config(host: str, port: int, *, graceful_timeout: float = 5.0,
     # never races the server closing it (a POST is not retried on 'disconnected without a response')
     config.keep_alive_timeout = 75.0
     return config
+
+
+def check_tls_files(certfile: os.PathLike[str] | str | None, keyfile: os.PathLike[str] | str | None) -> bool:
+    """Whether TLS is on; a certificate and key that do not load fail here with a one-line
+    reason, before anything is bound (hypercorn would fail later, with less to say)."""
+    if certfile is None and keyfile is None:
+        return False
+    if certfile is None or keyfile is None:
+        raise TLSConfigError("a TLS certificate and its key go together (--tls-cert, --tls-key): give both or neither")
+    try:
+        ssl.create_default_context(ssl.Purpose.CLIENT_AUTH).load_cert_chain(certfile, keyfile)
+    except (OSError, ValueError) as exc:
+        why = (exc.reason or str(exc)) if isinstance(exc, ssl.SSLError) else getattr(exc, "strerror", None) or str(exc)
+        raise TLSConfigError(f"cannot load the TLS certificate {str(certfile)!r} with the key {str(keyfile)!r}: "
+                             f"{why}") from None
+    return True
 
 
 class _ToLoguru(logging.Handler):
@@ -78,19 +108,23 @@ async def serve_app(
     shutdown_trigger: Callable[[], Awaitable[Any]] | None = None,
     deadline: float = 30.0,
     limits: HttpLimits | None = None,
+    certfile: os.PathLike[str] | str | None = None,
+    keyfile: os.PathLike[str] | str | None = None,
     task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Serve `app` until `shutdown_trigger` returns (default: never; cancel the scope to stop hard).
-    `limits` bound what one client may make the server hold (default: HttpLimits())."""
+    `limits` bound what one client may make the server hold (default: HttpLimits()). With
+    `certfile` and `keyfile` (PEM) it serves HTTPS; the bound addresses then start 'https://'."""
     state: ServerState = app.state.server
     # close connections their clients closed at once, not after keep_alive_timeout in CLOSE-WAIT;
     # version-guarded and idempotent (see _hypercorn_eof: goes once pgjones/hypercorn PR #87 ships)
     _hypercorn_eof.install()
     stop = trio.Event()
+    limits = limits or HttpLimits()
+    config = hypercorn_config(host, port, limits=limits, certfile=certfile, keyfile=keyfile)  # a bad cert fails here
     async with trio.open_nursery() as nursery:
-        limits = limits or HttpLimits()
-        binds = await nursery.start(partial(hypercorn_serve, RequestLimits(app, limits),
-                                            hypercorn_config(host, port, limits=limits), shutdown_trigger=stop.wait))
+        binds = await nursery.start(partial(hypercorn_serve, RequestLimits(app, limits), config,
+                                            shutdown_trigger=stop.wait))
         task_status.started(binds)
         if shutdown_trigger is None:
             await trio.sleep_forever()

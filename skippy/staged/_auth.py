@@ -14,7 +14,7 @@ The secret never crosses the wire. Each side's MAC covers the other side's fresh
 recorded answer is worthless in the next handshake (replay); the role labels keep one side's
 MAC from being reflected back as the other's; MACs are compared in constant time. What this
 does not do: encrypt or integrity-protect the frames after the handshake (an on-path attacker
-could still read or alter them): run stages on a private network or through a tunnel.
+could still read or alter them): that is TLS on the link (see _tls), which composes with this.
 """
 
 from __future__ import annotations

@@ -39,6 +39,7 @@ from ..sampling import Sampler
 from ._auth import say_hello
 from ._frames import Activations, Error, FrameError, Hello, Message, Open, Release, StepEnd, Token
 from ._microbatch import SESSION_ENDING, split_step
+from ._tls import LinkTLS
 from ._transport import FrameStream, StageDisconnected, connect
 
 WIRE_DTYPES = {"f32": np.float32, "f16": np.float16}
@@ -137,9 +138,10 @@ class PipelineLink:
     """Stage 0's end of the chain: one session at a time, connected on demand."""
 
     def __init__(self, next_addr: tuple[str, int], hello: Hello, *, connect_timeout: float = 10.0,
-                 secret: bytes | None = None) -> None:
+                 secret: bytes | None = None, tls: LinkTLS | None = None) -> None:
         self.next_addr, self.hello, self.connect_timeout = next_addr, hello, connect_timeout
         self.secret = secret  # the stage secret: proven to stage 1, and stage 1 must prove it (see _auth)
+        self.tls = tls  # stage 1 over TLS, its certificate checked (see _tls)
         self.session: _LinkSession | None = None
         self.token: trio.lowlevel.TrioToken | None = None
         self._nursery: trio.Nursery | None = None
@@ -157,7 +159,7 @@ class PipelineLink:
     async def probe(self) -> Hello:
         """What the chain holds (lanes, cells), from a Hello on a connection closed at once."""
         stream, reply = await self._connect()
-        await trio.aclose_forcefully(stream)
+        await stream.aclose()  # gracefully: over TLS a forceful close reads as a broken link below
         return reply
 
     async def _connect(self) -> tuple[FrameStream, Hello]:
@@ -165,7 +167,7 @@ class PipelineLink:
         where = f"{host}:{port}"
         try:
             with trio.fail_after(self.connect_timeout):
-                stream = await connect(host, port)
+                stream = await connect(host, port, tls=self.tls)
                 try:
                     reply = await say_hello(stream, self.hello, self.secret, where)
                 except BaseException:
@@ -196,6 +198,8 @@ class PipelineLink:
 def _check_reply(reply: Message | None, hello: Hello, required: tuple[int, int]) -> str | None:
     if isinstance(reply, Error):
         return f"{reply.code}: {reply.message}"
+    if reply is None:
+        return "closed the connection at Hello (a TLS stage refuses plaintext: reach it with tls= / --tls-ca)"
     if not isinstance(reply, Hello):
         return f"answered {type(reply).__name__} to Hello"
     if reply.model_digest != hello.model_digest or reply.n_embd != hello.n_embd:
@@ -404,11 +408,12 @@ def parse_addr(text: str) -> tuple[str, int]:
 @asynccontextmanager
 async def open_pipeline(model: Any, layer_end: int, next_addr: tuple[str, int], *, micro_batches: int | None = None,
                         wire_dtype: str = "f32", connect_timeout: float = 10.0, groups: int = 1,
-                        secret: bytes | None = None, **config: Any) -> AsyncIterator[Any]:
+                        secret: bytes | None = None, tls: LinkTLS | None = None, **config: Any) -> AsyncIterator[Any]:
     """An Engine whose stage 0 holds layers [0, layer_end) and whose later stages listen from
     `next_addr` on. Lanes and cells are the fewest any stage holds, learnt from the chain.
     With `secret` (the stages' shared secret, see skippy.staged._auth) stage 0 proves it to
-    stage 1 and refuses a stage 1 that cannot prove it back.
+    stage 1 and refuses a stage 1 that cannot prove it back. With `tls` (skippy.staged._tls.client_tls)
+    stage 1 is reached over TLS and must present a certificate from that CA, for its name.
 
     `groups` > 1 splits the sessions, lanes and stage-0 cells across that many engines over
     the same link (see skippy.staged._groups): their steps interleave in the pipeline."""
@@ -433,7 +438,7 @@ async def open_pipeline(model: Any, layer_end: int, next_addr: tuple[str, int], 
         if not local_model.returns_hidden:
             raise InvalidInputError(f"stage 0 with layers [0, {layer_end}) is the whole model: nothing to hand down")
         hello = Hello(0, 1, 0, layer_end, local_model.n_layer, local_model.n_embd, file_digest(path))
-        link = PipelineLink(next_addr, hello, connect_timeout=connect_timeout, secret=secret)
+        link = PipelineLink(next_addr, hello, connect_timeout=connect_timeout, secret=secret, tls=tls)
         below = await link.probe()  # before any nursery: a refusal raises as itself
         lanes = min(cfg.n_seq_max or below.lanes, below.lanes)
         if lanes < groups:

@@ -1,4 +1,4 @@
-"""A stage after the first: its own layers, context, lanes and scheduler, served over TCP.
+"""A stage after the first: its own layers, context, lanes and scheduler, served over TCP (or TLS).
 
 One upstream session at a time (the newest admitted connection wins: a restarted stage 0
 must not wait for a dead one's socket). A connection is admitted once its Hello checks out:
@@ -17,6 +17,7 @@ bounded, so TCP holds the stages above it).
 from __future__ import annotations
 
 import os
+import ssl
 from collections import deque
 from typing import Any
 
@@ -34,9 +35,10 @@ from ..scheduling.lanes import LanePlan
 from ._auth import check_upstream, say_hello, send_refusal
 from ._frames import DEFAULT_MAX_FRAME_BYTES, Activations, Error, FrameError, Hello, Open, Release, StepEnd, Token
 from ._microbatch import SESSION_ENDING, NoLaneError, ReplyOrder, StageLanes, UnknownRequestError
-from ._transport import FrameStream, StageDisconnected, connect
+from ._tls import LinkTLS
+from ._transport import FrameStream, StageDisconnected, connect, peer_address
 
-HELLO_TIMEOUT_S = 30.0  # for a whole handshake (Hello and, with a secret, the proof)
+HELLO_TIMEOUT_S = 30.0  # for a whole handshake (TLS, the Hello and, with a secret, the proof)
 HANDSHAKE_MAX_FRAME_BYTES = 64 << 10  # before a peer is admitted it may not make the stage buffer more
 MAX_HANDSHAKES = 64  # connections still in their handshake; more are dropped at once
 INBOX_FRAMES = 256  # frames read ahead from upstream; past it TCP pushes back on the stage above
@@ -125,12 +127,14 @@ class _MicroBatch:
 
 class StageServer:
     def __init__(self, runtime: StageRuntime, next_addr: tuple[str, int] | None, *,
-                 connect_timeout: float = 10.0, on_session_end: Any = None, secret: bytes | None = None) -> None:
+                 connect_timeout: float = 10.0, on_session_end: Any = None, secret: bytes | None = None,
+                 next_tls: LinkTLS | None = None) -> None:
         self.runtime = runtime
         self.on_session_end = on_session_end  # called with a SessionStats
         self.next_addr = next_addr
         self.connect_timeout = connect_timeout
         self.secret = secret  # the stage secret (see _auth): upstream must prove it, and so must the next stage
+        self.next_tls = next_tls  # reach the next stage over TLS, checking its certificate (see _tls)
         self._lock = trio.Lock()
         self._scope: trio.CancelScope | None = None
         self._admitting = 0
@@ -166,12 +170,14 @@ class StageServer:
                 session = _UpstreamSession(self, up)
                 try:
                     await session.run(hello)
-                except (StageDisconnected, trio.BrokenResourceError, trio.ClosedResourceError) as exc:
-                    logger.info("stage {}: session ended: {}", self.runtime.layers, exc)
-                except Exception as exc:  # a bug in one session must not take the stage down
-                    logger.opt(exception=exc).error("stage {}: session failed: {!r}", self.runtime.layers, exc)
-                    with trio.move_on_after(1.0):
-                        await up.send(Error(0, "stage_failed", f"stage {self.runtime.layers}: {exc!r}"))
+                # except*: the session's nursery groups them (a neighbour's reset, a TLS peer gone
+                # without close_notify); either way the session ends here and the stage serves on
+                except* (StageDisconnected, trio.BrokenResourceError, trio.ClosedResourceError) as ended:
+                    logger.info("stage {}: session ended: {}", self.runtime.layers, ended.exceptions[0])
+                except* Exception as failed:  # a bug in one session must not take the stage down
+                    exc = failed.exceptions[0]
+                    logger.opt(exception=failed).error("stage {}: session failed: {!r}", self.runtime.layers, exc)
+                    await send_refusal(up, Error(0, "stage_failed", f"stage {self.runtime.layers}: {exc!r}"))
                 finally:
                     with trio.CancelScope(shield=True):
                         await up.aclose()
@@ -184,6 +190,8 @@ class StageServer:
         refusal: Error | None = None
         try:
             with trio.fail_after(HELLO_TIMEOUT_S):
+                if not await self._tls_handshake(up, peer):
+                    return None
                 hello = await up.receive()
                 if not isinstance(hello, Hello):
                     refusal = Error(0, "bad_hello", f"expected Hello first, got {type(hello).__name__}")
@@ -208,6 +216,19 @@ class StageServer:
             logger.warning("stage {}: refusing a session from {}: {}", self.runtime.layers, peer, refusal.message)
         await send_refusal(up, refusal)
         return None
+
+    async def _tls_handshake(self, up: FrameStream, peer: str) -> bool:
+        """On a TLS link, the TLS handshake first: a plaintext peer (or one that rejects this
+        stage's certificate) fails it, is logged and refused (no frame can reach it)."""
+        if not isinstance(up.stream, trio.SSLStream):
+            return True
+        try:
+            await up.stream.do_handshake()
+        except trio.BrokenResourceError as exc:
+            logger.warning("stage {}: refused {}: TLS handshake failed: {}", self.runtime.layers, peer,
+                           exc.__cause__ or exc)
+            return False
+        return True
 
 
 class _UpstreamSession:
@@ -250,7 +271,7 @@ class _UpstreamSession:
             host, port = self.server.next_addr
             try:
                 with trio.fail_after(self.server.connect_timeout):
-                    self.down = await connect(host, port)
+                    self.down = await connect(host, port, tls=self.server.next_tls)
                     reply = await say_hello(self.down, rt.hello(hello.stage + 1, hello.stage + 2, rt.layers[1], 0, 0),
                                             self.server.secret, f"{host}:{port}")
             except (OSError, StageDisconnected, FrameError, trio.TooSlowError) as exc:
@@ -503,22 +524,26 @@ def _mismatch(hello: Hello, rt: StageRuntime) -> str | None:
 
 
 def _peer(stream: FrameStream) -> str:
-    try:
-        host, port = stream.stream.socket.getpeername()[:2]
-        return f"{host}:{port}"
-    except (AttributeError, OSError):
-        return "?"
+    return peer_address(stream.stream)
 
 
 async def serve_stage(runtime: StageRuntime, host: str, port: int, next_addr: tuple[str, int] | None = None, *,
-                      on_session_end: Any = None, secret: bytes | None = None,
+                      on_session_end: Any = None, secret: bytes | None = None, tls: ssl.SSLContext | None = None,
+                      next_tls: LinkTLS | None = None,
                       task_status: trio.TaskStatus[int] = trio.TASK_STATUS_IGNORED) -> None:
     """Serve `runtime` on host:port until cancelled; `task_status` gets the bound port. With `secret`,
-    upstream must prove it (and the next stage too) before anything else happens (see _auth)."""
-    server = StageServer(runtime, next_addr, on_session_end=on_session_end, secret=secret)
-    listeners = await trio.open_tcp_listeners(port, host=host)
-    bound = listeners[0].socket.getsockname()[1]
-    logger.info("stage {} listening on {}:{}{}", runtime.layers, host, bound,
+    upstream must prove it (and the next stage too) before anything else happens (see _auth).
+    With `tls` (a server context, _tls.server_context) the link is TLS; `next_tls` reaches the
+    next stage over TLS (see _tls)."""
+    server = StageServer(runtime, next_addr, on_session_end=on_session_end, secret=secret, next_tls=next_tls)
+    listeners: list[Any]
+    if tls is None:
+        listeners = await trio.open_tcp_listeners(port, host=host)
+        bound = listeners[0].socket.getsockname()[1]
+    else:
+        listeners = await trio.open_ssl_over_tcp_listeners(port, tls, host=host)
+        bound = listeners[0].transport_listener.socket.getsockname()[1]
+    logger.info("stage {} listening on {}:{}{}{}", runtime.layers, host, bound, " (TLS)" if tls else "",
                 f", next {next_addr[0]}:{next_addr[1]}" if next_addr else " (last stage)")
     task_status.started(bound)
     await trio.serve_listeners(server.handle, listeners)

@@ -8,6 +8,8 @@ the buffer only once all of it has arrived, so a cancelled receive() loses nothi
 from __future__ import annotations
 
 import socket
+import ssl
+from typing import TYPE_CHECKING
 
 import trio
 
@@ -16,6 +18,10 @@ from ._frames import DEFAULT_MAX_FRAME_BYTES, HEADER_SIZE, FrameError, Message, 
 
 _MIN_READ = 1 << 16
 _MAX_READ = 1 << 20  # SocketStream allocates max_bytes per call: don't ask for a whole 64 MiB frame
+_TLS_CLOSE_S = 1.0  # a TLS close sends close_notify: a peer that reads nothing must not hold it
+
+if TYPE_CHECKING:
+    from ._tls import LinkTLS
 
 
 class StageDisconnected(SkippyError):
@@ -119,14 +125,46 @@ class FrameStream(trio.abc.AsyncResource):
         return True
 
     async def aclose(self) -> None:
-        await self._stream.aclose()
+        if not isinstance(self._stream, trio.SSLStream):
+            await self._stream.aclose()
+            return
+        # bounded, so a caller's shielded close never hangs (on a timeout trio closes the socket itself)
+        with trio.move_on_after(_TLS_CLOSE_S):
+            try:
+                await self._stream.aclose()
+            except (trio.BrokenResourceError, ssl.SSLError):
+                pass  # the socket is closed either way
 
 
-async def connect(host: str, port: int, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES) -> FrameStream:
-    """A FrameStream to a neighbouring stage over TCP.
+def peer_address(stream: trio.abc.Stream) -> str:
+    """'host:port' of the peer of a TCP (or TLS over TCP) stream, '?' if it has none."""
+    inner = getattr(stream, "transport_stream", stream)
+    try:
+        host, port = inner.socket.getpeername()[:2]
+        return f"{host}:{port}"
+    except (AttributeError, OSError):
+        return "?"
+
+
+async def connect(host: str, port: int, *, max_frame_bytes: int = DEFAULT_MAX_FRAME_BYTES,
+                  tls: LinkTLS | None = None) -> FrameStream:
+    """A FrameStream to a neighbouring stage over TCP, or over TLS with `tls` (the handshake, the
+    certificate and its name checked, is done here: a failure is a StageDisconnected saying why).
 
     TCP_NODELAY: a decode step's frames are small and latency-bound; Nagle would hold them.
     """
     stream = await trio.open_tcp_stream(host, port)
     stream.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, True)
-    return FrameStream(stream, max_frame_bytes=max_frame_bytes)
+    if tls is None:
+        return FrameStream(stream, max_frame_bytes=max_frame_bytes)
+    secure = trio.SSLStream(stream, tls.context, server_hostname=tls.name_for(host))
+    try:
+        await secure.do_handshake()
+    except trio.BrokenResourceError as exc:
+        await trio.aclose_forcefully(stream)
+        why = exc.__cause__ or exc
+        raise StageDisconnected(f"TLS handshake with {host}:{port} failed: {why}") from exc
+    except BaseException:
+        await trio.aclose_forcefully(stream)
+        raise
+    return FrameStream(secure, max_frame_bytes=max_frame_bytes)
