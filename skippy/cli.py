@@ -223,6 +223,7 @@ def _serve_config(args: argparse.Namespace) -> dict:
 def _serve(args: argparse.Namespace) -> int:
     from .engine import open_engine
 
+    _api_tls(args)  # a bad certificate fails before the model is looked at
     model = _resolve_checked(args)
     config = _serve_config(args)
     if args.require_invariant:  # run the self-check (or read its verdict); refuse a model that fails it
@@ -253,6 +254,8 @@ def _serve_engine(args: argparse.Namespace, opener, host: str, port: int) -> int
 
     from .server import HttpLimits, create_app, default_model_names, serve_app, wait_for_signal
 
+    tls = _api_tls(args)
+
     async def main() -> None:
         async with opener() as engine:
             names = ([args.served_model_name] if args.served_model_name else []) + default_model_names(
@@ -261,12 +264,47 @@ def _serve_engine(args: argparse.Namespace, opener, host: str, port: int) -> int
             async with trio.open_nursery() as nursery:
                 binds = await nursery.start(lambda task_status: serve_app(
                     app, host, port, shutdown_trigger=wait_for_signal, deadline=args.shutdown_deadline,
-                    limits=HttpLimits(max_body_bytes=args.max_body_bytes), task_status=task_status))
+                    limits=HttpLimits(max_body_bytes=args.max_body_bytes), task_status=task_status, **tls))
                 print(f"skippy: serving {names[0]} on {', '.join(binds)} (Ctrl-C to stop)", file=sys.stderr, flush=True)
         print("skippy: stopped", file=sys.stderr, flush=True)
 
     trio.run(main)
     return 0
+
+
+def _api_tls(args: argparse.Namespace) -> dict:
+    """--tls-cert/--tls-key of the API (HTTPS), checked before any model loads."""
+    from .server.serve import check_tls_files
+
+    check_tls_files(args.tls_cert, args.tls_key)
+    return {"certfile": args.tls_cert, "keyfile": args.tls_key}
+
+
+def _next_tls(args: argparse.Namespace):
+    """--tls-ca (and --tls-server-name): reach the next stage over TLS, checking its certificate."""
+    from .staged._tls import StageTLSError, client_tls
+
+    if args.tls_ca is None:
+        if args.tls_server_name:
+            raise StageTLSError("--tls-server-name names the next stage's certificate: it needs --tls-ca")
+        return None
+    return client_tls(args.tls_ca, args.tls_server_name)
+
+
+def _pipeline_tls(args: argparse.Namespace):
+    """`skippy pipeline`: the next-stage TLS of stage 0, and the TLS options of the stages it starts
+    (with --tls-ca they present --tls-cert/--tls-key and check their next against the CA)."""
+    from .staged._tls import StageTLSError, server_context
+
+    _api_tls(args)
+    next_tls = _next_tls(args)
+    if next_tls is None:
+        return None, []
+    if args.tls_cert is None:
+        raise StageTLSError("--tls-ca puts the stage links on TLS: the stages need --tls-cert and --tls-key")
+    server_context(args.tls_cert, args.tls_key)
+    options = ["--tls-cert", str(args.tls_cert), "--tls-key", str(args.tls_key), "--tls-ca", str(args.tls_ca)]
+    return next_tls, options + (["--tls-server-name", args.tls_server_name] if args.tls_server_name else [])
 
 
 def _layer_range(text: str) -> tuple[int, int]:
@@ -304,6 +342,7 @@ def _stage(args: argparse.Namespace) -> int:
     from .staged._auth import ENV_VAR, is_loopback
     from .staged._pipeline import open_pipeline, parse_addr
     from .staged._stage import StageRuntime, serve_stage
+    from .staged._tls import pair, server_context
 
     a, b = args.layers
     host, port = parse_addr(args.listen)
@@ -312,17 +351,24 @@ def _stage(args: argparse.Namespace) -> int:
     if a > 0 and secret is None and not args.insecure and not is_loopback(host):
         raise SkippyError(f"refusing to listen on {host} without a stage secret: give --secret-file PATH (or "
                           f"${ENV_VAR}) to every stage, or --insecure on a network you trust")
+    # stage 0: --tls-cert/--tls-key are the API's (HTTPS); later stages serve their link over TLS
+    tls = server_context(args.tls_cert, args.tls_key) if a > 0 and pair(args.tls_cert, args.tls_key) else None
+    if a == 0:
+        _api_tls(args)  # checked before the model loads
+    next_tls = _next_tls(args)
     path = _resolve_checked(args)
     if a == 0:
         if next_addr is None:
             raise SkippyError("stage 0 hands its activations down: give --next HOST:PORT (or use skippy serve)")
         config = _pipeline_config(args)
-        return _serve_engine(args, lambda: open_pipeline(path, b, next_addr, secret=secret, **config), host, port)
+        return _serve_engine(args, lambda: open_pipeline(path, b, next_addr, secret=secret, tls=next_tls, **config),
+                             host, port)
     runtime = StageRuntime(path, (a, b), **_stage_options(args))
 
     async def main() -> None:
         async with trio.open_nursery() as nursery:
-            bound = await nursery.start(partial(serve_stage, runtime, host, port, next_addr, secret=secret,
+            bound = await nursery.start(partial(serve_stage, runtime, host, port, next_addr, secret=secret, tls=tls,
+                                                next_tls=next_tls,
                                                 on_session_end=lambda stats: print(stats.line(), flush=True)))
             print(f"skippy stage: listening on {host}:{bound}", flush=True)
             await wait_for_signal()
@@ -344,6 +390,7 @@ def _pipeline(args: argparse.Namespace) -> int:
     from .staged._layout import file_boundary_rule
     from .staged._pipeline import open_pipeline, parse_addr
 
+    next_tls, tls_options = _pipeline_tls(args)
     path = _resolve_checked(args)
     with Model(path, repack=False, layers=(0, 1)) as probe:  # n_layer and arch without the weights
         n_layer, arch = probe.n_layer, probe.arch
@@ -358,6 +405,7 @@ def _pipeline(args: argparse.Namespace) -> int:
     options += ["--n-ctx", str(args.n_ctx)] if args.n_ctx else []
     options += ["--memory", str(args.memory)] if args.memory else []
     options += ["--n-seq-max", str(args.n_seq_max)] if args.n_seq_max else []
+    options += tls_options
     # the stages listen on loopback, where any local user could connect: they always share a
     # secret, the user's (--secret-file / $SKIPPY_STAGE_SECRET) or a fresh one for this run
     secret = _stage_secret(args)
@@ -372,8 +420,8 @@ def _pipeline(args: argparse.Namespace) -> int:
     try:
         config = _pipeline_config(args)
         next_addr = parse_addr(stages[0].addr)
-        return _serve_engine(args, lambda: open_pipeline(path, splits[0][1], next_addr, secret=secret, **config),
-                             args.host, args.port)
+        return _serve_engine(args, lambda: open_pipeline(path, splits[0][1], next_addr, secret=secret, tls=next_tls,
+                                                         **config), args.host, args.port)
     finally:
         for stage in stages:
             stage.stop()
@@ -432,6 +480,16 @@ def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
 def _add_secret_option(parser: argparse.ArgumentParser, who: str) -> None:
     parser.add_argument("--secret-file", type=Path, default=None, metavar="PATH",
                         help=f"{who} (default: $SKIPPY_STAGE_SECRET); every stage of a pipeline needs the same one")
+
+
+def _add_tls_options(parser: argparse.ArgumentParser, cert_help: str, *, links: bool = True) -> None:
+    parser.add_argument("--tls-cert", type=Path, default=None, metavar="PATH", help=f"{cert_help} (PEM, with --tls-key)")
+    parser.add_argument("--tls-key", type=Path, default=None, metavar="PATH", help="the private key of --tls-cert (PEM)")
+    if links:
+        parser.add_argument("--tls-ca", type=Path, default=None, metavar="PATH",
+                            help="reach the next stage over TLS, trusting only the CA certificate(s) in PATH")
+        parser.add_argument("--tls-server-name", default=None, metavar="NAME",
+                            help="the name the next stage's certificate must carry (default: its --next host)")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -503,6 +561,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--require-invariant", action="store_true",
                        help="run the batch-invariance self-check first (or read its cached verdict) and refuse "
                             "to serve a model that fails it (exit 2)")
+    _add_tls_options(serve, "serve HTTPS with this certificate", links=False)
     _add_gpu_option(serve)
     serve.set_defaults(func=_serve)
 
@@ -525,6 +584,7 @@ def _parser() -> argparse.ArgumentParser:
                               "proves it to the next")
     stage.add_argument("--insecure", action="store_true",
                        help="listen on a non-loopback address without a stage secret (a trusted network only)")
+    _add_tls_options(stage, "stage 0: serve the API over HTTPS; later stages: serve the link on --listen over TLS")
     stage.add_argument("--threads", type=int, default=2)
     _add_sizing_options(stage)
     _add_server_options(stage, "stage 0: ")
@@ -540,6 +600,7 @@ def _parser() -> argparse.ArgumentParser:
     pipe.add_argument("--port", type=int, default=8080)
     pipe.add_argument("--threads", type=int, default=2, help="threads per stage")
     _add_secret_option(pipe, "the stage secret the stages share (default: a fresh random one per run)")
+    _add_tls_options(pipe, "serve the API over HTTPS; with --tls-ca the stages present it on their TLS links too")
     _add_sizing_options(pipe)
     _add_server_options(pipe)
     _add_pipeline_options(pipe)

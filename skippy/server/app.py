@@ -164,8 +164,12 @@ async def _generate(request: HttpRequest, kind: str) -> Response:
     if not call.stream:
         return await _collect(request, state, streams, shape, t_arrival, headers, call, views)
     headers["Cache-Control"] = "no-cache"
-    if S.buffers_stream(call):  # tool calls are parsed from a choice's whole text
+    if S.streams_tools(call) and len(streams) == 1:  # tool calls parsed as the text comes (S.tool_sse)
         return EventSourceResponse(S.tool_sse(state, streams, shape, call, t_arrival), ping=0, headers=headers)
+    if S.streams_tools(call):
+        tx, rx = trio.open_memory_channel(0)
+        return EventSourceResponse(S.tool_sse(state, streams, shape, call, t_arrival, rx.receive), ping=0,
+                                   headers=headers, data_sender_callable=partial(_pump, streams, tx))
     if len(streams) == 1:
         return EventSourceResponse(_sse(state, streams[0], shape, call, t_arrival, views=views), ping=0,
                                    headers=headers)

@@ -184,65 +184,113 @@ def rewrite(engine: Any, call: Any, body: dict[str, Any]) -> None:
             choice["finish_reason"] = reason
 
 
-def buffers_stream(call: Any) -> bool:
-    """A streamed chat request whose answers may be tool calls: each choice is sent whole when it ends
-    (a call is parsed from its complete text), as content or as one tool_calls delta."""
+def streams_tools(call: Any) -> bool:
+    """A streamed chat request whose answers may be tool calls: its text goes through a CallParser."""
     s = call.structured
     return call.kind == "chat" and s is not None and s.tools_active
 
 
-async def tool_sse(state: Any, streams: list[Any], shape: Any, call: Any, t_arrival: float) -> Any:
-    """The SSE events of a streamed tool-capable chat: the role first, then per choice (as each ends) its
-    content or its tool_calls delta (ids, names, whole arguments) and its finish chunk, usage, [DONE]."""
+def _delta_encoder(shape: Any, call: Any, index: int) -> Any:
+    """delta -> one SSE event of choice `index`: the chunk around the delta rendered once per choice,
+    so a streamed token costs the dump of its small delta only (as protocol's text encoder does)."""
+    mark = "\x00skippy-delta\x00"
+    chunk = shape.chunk("", None, include_usage=call.include_usage, index=index)
+    chunk["choices"][0]["delta"] = mark
+    head, sep, tail = json.dumps(chunk).partition(json.dumps(mark))
+    assert sep, "the chunk must carry its delta verbatim"
+    head_b, tail_b = b"data: " + head.encode(), tail.encode() + b"\r\n\r\n"
+    return lambda delta: head_b + json.dumps(delta).encode() + tail_b
+
+
+def _deltas(events: list[Any], encode: Any) -> list[bytes]:
+    """A CallParser's events as OpenAI deltas: content, a call's first delta (index, id, type, name,
+    empty arguments), then its argument fragments."""
+    from .tool_stream import ArgsDelta, CallStart
+
+    out = []
+    for e in events:
+        if isinstance(e, ArgsDelta):
+            out.append(encode({"tool_calls": [{"index": e.index, "function": {"arguments": e.text}}]}))
+        elif isinstance(e, CallStart):
+            out.append(encode({"tool_calls": [{"index": e.index, "id": e.id, "type": "function",
+                                               "function": {"name": e.name, "arguments": ""}}]}))
+        elif e.text:
+            out.append(encode({"content": e.text}))
+    return out
+
+
+async def tool_sse(state: Any, streams: list[Any], shape: Any, call: Any, t_arrival: float,
+                   receive: Any = None) -> Any:
+    """The SSE events of a streamed tool-capable chat: the role first, then each choice's content and tool
+    call deltas as its tokens come (server.tool_stream holds back what may be a call), its finish chunk
+    (tool_calls when it made any), usage, [DONE]. One stream is read directly; several come through
+    `receive` (app._pump). Logprobs are not streamed on this route."""
     import time
 
+    import trio
+
     from . import protocol as P
+    from .tool_stream import CallParser
 
     s: Structured = call.structured
     k = len(streams)
+    if receive is None:
+        only = streams[0]
+
+        async def receive() -> tuple[int, list[Any]]:
+            return 0, await only.batch()
+
+    parsers = [CallParser(s.tools.names) for _ in range(k)]
+    encoders = [_delta_encoder(shape, call, i) for i in range(k)]
     finals: list[Any] = [None] * k
     timing = [[None, None, 0] for _ in range(k)]
-
-    def head(i: int, delta: dict, reason: str | None = None) -> bytes:
-        chunk = shape.chunk("", None, include_usage=call.include_usage, index=i)
-        chunk["choices"][0]["delta"] = delta
-        chunk["choices"][0]["finish_reason"] = reason
-        return P.sse_event(chunk)
-
     try:
         yield P.sse_event(shape.chunk("", first=True, include_usage=call.include_usage))
-        # choice by choice (they all run meanwhile: a stream buffers its events), no nursery around a yield
-        for i in range(k):
-            t, texts = timing[i], []
-            async for event in streams[i]:
+        done = 0
+        while done < k:
+            try:
+                i, events = await receive()
+            except trio.EndOfChannel:
+                i, events = 0, []
+            if not events:  # ended without a final event: cancelled by shutdown
+                yield P.sse_event(P.shutting_down().body())
+                break
+            now = time.perf_counter()
+            t = timing[i]
+            for event in events:
                 if event.token is not None:
                     t[2] += 1
-                    t[1] = time.perf_counter()
-                    t[0] = t[0] or t[1]
-                texts.append(event.text)
-                if event.final:
-                    finals[i] = event
-            final = finals[i]
-            if final is None or final.finish_reason in ("cancelled", "error"):
-                err = (P.shutting_down() if final is None or final.finish_reason == "cancelled" else
+                    t[1] = now
+                    t[0] = t[0] or now
+            final = events[-1] if events[-1].final else None
+            if final is not None and final.finish_reason in ("cancelled", "error"):
+                err = (P.shutting_down() if final.finish_reason == "cancelled" else
                        P.ApiError(500, f"generation failed: {final.error}", type="server_error",
                                   code="generation_failed"))
                 yield P.sse_event(err.body())
-                return
-            fields, reason = s.choice_message(state.engine, "".join(texts))
-            out = []
-            if fields.get("content"):
-                out.append(head(i, {"content": fields["content"]}))
-            if fields.get("tool_calls"):
-                out.append(head(i, {"tool_calls": [{"index": j, **c} for j, c in enumerate(fields["tool_calls"])]}))
-            out.append(head(i, {}, reason if reason and final.finish_reason == "stop" else final.finish_reason))
-            yield b"".join(out)
-        if call.include_usage:
-            n = getattr(call, "n", 1)
-            us = [f.usage for f in finals]
-            yield P.sse_event(shape.usage_chunk(P.usage_json(
-                sum(u.prompt_tokens for u in us[::n]), sum(u.completion_tokens for u in us),
-                sum(u.cached_tokens for u in us[::n]))))
+                break
+            parser = parsers[i]
+            parsed = parser.feed("".join(e.text for e in events))
+            if final is not None:
+                parsed += parser.finish()
+            out = _deltas(parsed, encoders[i])
+            if final is not None:
+                finals[i] = final
+                done += 1
+                chunk = shape.chunk("", None, include_usage=call.include_usage, index=i)
+                reason = final.finish_reason
+                chunk["choices"][0]["finish_reason"] = "tool_calls" if parser.calls and reason == "stop" else reason
+                out.append(P.sse_event(chunk))
+                if done == k and call.include_usage:
+                    n = getattr(call, "n", 1)
+                    us = [f.usage for f in finals]
+                    out.append(P.sse_event(shape.usage_chunk(P.usage_json(
+                        sum(u.prompt_tokens for u in us[::n]), sum(u.completion_tokens for u in us),
+                        sum(u.cached_tokens for u in us[::n])))))
+            if out:
+                yield b"".join(out)
+                if events[0].t_sampled:
+                    state.metrics.delivery.observe(time.perf_counter() - events[0].t_sampled)
         yield P.sse_event("[DONE]")
     finally:
         for stream in streams:

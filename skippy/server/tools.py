@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import json
 import re
-import uuid
 from typing import Any, Mapping, Sequence
 
 import attrs
 
+from . import tool_stream
 from .api_errors import bad_request
 
 FORMATS = ("hermes", "llama3", "mistral")
@@ -162,62 +162,9 @@ def forcing_grammar(spec: ToolSpec, fmt: str) -> str:
 # -- parsing calls out of the text --------------------------------------------------------------
 
 
-def _call(name: str, args: Any) -> dict:
-    if not isinstance(args, str):
-        args = json.dumps(args if args is not None else {}, ensure_ascii=False)
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function", "function": {"name": name, "arguments": args}}
-
-
-def _as_call(obj: Any, names: Sequence[str]) -> dict | None:
-    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in names:
-        return None
-    args = obj.get("arguments", obj.get("parameters", {}))
-    if isinstance(args, str):
-        try:
-            args = json.loads(args)
-        except ValueError:
-            return None
-    if not isinstance(args, dict):
-        return None
-    return _call(obj["name"], args)
-
-
-_HERMES = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
-
-
 def parse_calls(text: str, fmt: str, names: Sequence[str]) -> tuple[str | None, list[dict]]:
     """(content, tool calls) of a generated answer: the text around the calls is the content (None when
-    nothing is left). Text that does not parse as a call of a known function stays content."""
-    if "<tool_call>" in text:
-        calls, kept = [], []
-        last = 0
-        for m in _HERMES.finditer(text):
-            try:
-                call = _as_call(json.loads(m.group(1)), names)
-            except ValueError:
-                call = None
-            if call is None:
-                continue
-            calls.append(call)
-            kept.append(text[last:m.start()])
-            last = m.end()
-        if calls:
-            kept.append(text[last:])
-            content = "".join(kept).strip()
-            return (content or None), calls
-        return text, []
-    body = text.strip()
-    for marker in ("[TOOL_CALLS]", "<|python_tag|>"):
-        if body.startswith(marker):
-            body = body[len(marker):].strip()
-    if body[:1] in ("{", "["):
-        try:
-            value, end = json.JSONDecoder().raw_decode(body)
-        except ValueError:
-            return text, []
-        items = value if isinstance(value, list) else [value]
-        calls = [_as_call(v, names) for v in items]
-        if items and all(c is not None for c in calls):
-            rest = body[end:].strip()
-            return (rest or None), calls  # type: ignore[return-value]
-    return text, []
+    nothing is left). Text that does not parse as a call of a known function stays content. The same
+    parser streams calls (server.tool_stream), so streamed argument fragments join to these `arguments`:
+    the model's own JSON text. Every format is recognised whatever `fmt` (a model may use another's)."""
+    return tool_stream.parse(text, names)
