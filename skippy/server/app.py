@@ -423,6 +423,11 @@ async def detokenize(request: HttpRequest) -> Response:
     return JSONResponse({"content": T.detokenize(tokens, runtime.piece)}, headers=F.ignored_header(ignored))
 
 
+async def tokenizer_info(request: HttpRequest) -> Response:
+    state: ServerState = request.app.state.server
+    return JSONResponse(T.tokenizer_info(state.engine))
+
+
 async def health(request: HttpRequest) -> Response:
     state: ServerState = request.app.state.server
     if state.draining:
@@ -471,6 +476,7 @@ def create_app(engine: Any, *, model_names: Sequence[str] | None = None,
             Route("/v1/models", models, methods=["GET"]),
             Route("/tokenize", tokenize, methods=["POST"]),
             Route("/detokenize", detokenize, methods=["POST"]),
+            Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
         ],
