@@ -180,15 +180,7 @@ class Composer:
                 continue  # swept before the next step
             r.generated.append(tok)
             index = len(r.generated) - 1
-            reason: FinishReason | None = None
-            if end:
-                text, reason = r.assembler.flush(), "stop"
-            else:
-                text, stopped = r.assembler.push(piece)
-                if stopped:
-                    reason = "stop"
-                elif r.remaining <= 0:
-                    text, reason = text + r.assembler.flush(), "length"
+            text, reason = _text_and_finish(r, piece, end)
             if reason is not None:
                 self._finish(r, reason)
                 finished.append(r)
@@ -230,15 +222,7 @@ class Composer:
                 continue
             r.generated.append(tok)
             index = len(r.generated) - 1
-            reason: FinishReason | None = None
-            if end:
-                text, reason = r.assembler.flush(), "stop"
-            else:
-                text, stopped = r.assembler.push(piece)
-                if stopped:
-                    reason = "stop"
-                elif r.remaining <= 0:
-                    text, reason = text + r.assembler.flush(), "length"
+            text, reason = _text_and_finish(r, piece, end)
             if reason is not None:
                 self._finish(r, reason)
                 finished.append(r)
@@ -259,3 +243,15 @@ class Composer:
 
     def cancelled(self) -> list[Request]:
         return [r for r in self.running if r.cancel_requested]
+
+
+def _text_and_finish(r: Request, piece: bytes, end: bool) -> tuple[str, FinishReason | None]:
+    """The text a request's newest token (already in `generated`) releases, and why it ends, if it does."""
+    if end:
+        return r.assembler.flush(), "stop"
+    text, stopped = r.assembler.push(piece)
+    if stopped:
+        return text, "stop"
+    if r.remaining <= 0:
+        return text + r.assembler.flush(), "length"
+    return text, None
