@@ -181,7 +181,7 @@ def boundary_rule(
 
 
 # family -> (n_layer, {n_stages: ranges}). Deterministic topologies for multi-stage tests, so a
-# planner change cannot silently move them. The first five are the synthetic models' deep
+# planner change cannot silently move them. The synthetic families are their models' deep
 # variants; smollm2 (SmolLM2-135M) and gemma3 (gemma-3-270m) are the real fetchable models.
 _PINNED: dict[str, tuple[int, dict[int, tuple[tuple[int, int], ...]]]] = {
     "llama": (6, {2: ((0, 3), (3, 6)), 3: ((0, 2), (2, 4), (4, 6))}),
@@ -191,6 +191,8 @@ _PINNED: dict[str, tuple[int, dict[int, tuple[tuple[int, int], ...]]]] = {
     "falcon-h1": (6, {2: ((0, 3), (3, 6)), 3: ((0, 2), (2, 4), (4, 6))}),
     # attention at layers 1, 3, 5, 7: cuts only at even boundaries
     "qwen3next": (8, {2: ((0, 4), (4, 8)), 3: ((0, 4), (4, 6), (6, 8))}),
+    # dense architectures staged by patch 0007
+    **{f: (6, {2: ((0, 3), (3, 6)), 3: ((0, 2), (2, 4), (4, 6))}) for f in ("qwen2", "qwen3", "qwen3moe", "phi3")},
     "smollm2": (30, {2: ((0, 15), (15, 30)), 3: ((0, 10), (10, 20), (20, 30))}),
     # global attention at layers 5, 11, 17: with 3 stages each holds exactly one
     "gemma3": (18, {2: ((0, 9), (9, 18)), 3: ((0, 6), (6, 12), (12, 18))}),

@@ -13,7 +13,7 @@ from skippy.staged import PINNED_SPLITS
 
 pytestmark = [pytest.mark.staged, pytest.mark.native]
 
-SYNTH = ["llama", "gemma2", "deepseek2", "falcon-h1", "qwen3next"]
+SYNTH = ["llama", "gemma2", "deepseek2", "falcon-h1", "qwen3next", "qwen2", "qwen3", "qwen3moe", "phi3"]
 # the pinned splits of skippy.staged, as boundaries; plus SmolLM2 cut after its first and before its last layer
 SPLITS = {name: {k: [0, *(b for _, b in ranges)] for k, ranges in splits.items()} for name, splits in PINNED_SPLITS.items()}
 EDGES = [0, 1, 29, 30]
@@ -118,6 +118,14 @@ def test_an_empty_range_is_refused_before_loading(layers, synth_model_path):
 def test_a_range_past_the_last_layer_is_refused_by_llama(synth_model_path):
     with pytest.raises(ModelLoadError, match=r"as a stage of layers \[4, 7\)"):
         Model(synth_model_path("llama", deep=True), layers=(4, 7))
+
+
+@pytest.mark.parametrize("name", ["granite", "starcoder2"])
+def test_an_architecture_without_stage_support_is_refused_by_name(name, synth_model_path):
+    """Patch 0006/0007 admit the builders they adapted; any other architecture loaded as a stage
+    is refused at load (before a tensor is made), with its name in the error."""
+    with pytest.raises(ModelLoadError, match=rf"arch '{name}'.*as a stage of layers \[0, 1\)"):
+        Model(synth_model_path(name, deep=True), layers=(0, 1))
 
 
 def test_a_later_stage_refuses_tokens_and_a_first_stage_refuses_hidden_states(synth_model_path):

@@ -82,7 +82,7 @@ async def _stages(path, splits):
 
 # Gemma-3 at 3 stages only (each stage then holds one of its global-attention layers; 2 stages
 # would add 40 s of CI for no new case)
-CASES = [(name, k) for name in SYNTH + ["smollm2"] for k in (2, 3)] + [("gemma3", 3)]
+CASES = [(name, k) for name in SYNTH + ["smollm2"] for k in (2, 3)] + [("gemma3", 3)] + [(name, 3) for name in ("qwen3moe", "phi3")]
 
 
 @pytest.mark.parametrize(("name", "n_stages"), CASES)
