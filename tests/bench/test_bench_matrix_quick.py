@@ -21,7 +21,7 @@ pytestmark = pytest.mark.bench
 REPO = Path(__file__).resolve().parents[2]
 
 BUILD_BUDGET_S = 1200  # a fresh machine builds llama-server first (~4 min here)
-MATRIX_BUDGET_S = 100  # ~30 s on an idle 2-core machine
+MATRIX_BUDGET_S = 300  # ~30 s on an idle 2-core machine; the budget only guards against a hang
 LENIENT = ["--vs-single-lane-throughput", "0", "--vs-single-lane-goodput", "0", "--vs-llama-throughput", "0",
            "--vs-llama-goodput", "0", "--p99-ttft-slack", "1e9", "--n1-tolerance", "1"]
 
