@@ -7,6 +7,8 @@ wrong key is a 401 with OpenAI's error body. Keys are compared in constant time.
 
 from __future__ import annotations
 
+from ..errors import InvalidInputError
+
 import hmac
 from typing import Any, Sequence
 
@@ -22,7 +24,7 @@ class BearerAuth:
 
     def __init__(self, app: Any, keys: Sequence[str]) -> None:
         if not keys or not all(isinstance(k, str) and k for k in keys):
-            raise ValueError("BearerAuth needs at least one non-empty key")
+            raise InvalidInputError("BearerAuth needs at least one non-empty key")
         self.app = app
         self.keys = tuple(k.encode() for k in keys)
 

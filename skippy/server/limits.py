@@ -11,6 +11,8 @@ settings (`HttpLimits.apply`), as is the bound on headers still arriving (h11's 
 
 from __future__ import annotations
 
+from ..errors import InvalidInputError
+
 from typing import Any
 
 import attrs
@@ -36,7 +38,7 @@ class HttpLimits:
         for field in attrs.fields(type(self)):
             value = getattr(self, field.name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"HttpLimits.{field.name} must be a positive integer, got {value!r}")
+                raise InvalidInputError(f"HttpLimits.{field.name} must be a positive integer, got {value!r}")
 
     def apply(self, config: Any) -> None:
         """Set hypercorn's own limits on its Config."""
