@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from skippy.errors import OverloadedError, PromptTooLongError
+from skippy.errors import OverloadedError, PromptTooLongError, StageUnavailableError, StepFailedError
 from skippy.server import fields as F
 from skippy.server import protocol as P
 
@@ -76,6 +76,23 @@ def test_engine_errors_map_to_statuses():
     assert P.engine_error(PromptTooLongError("x")).code == "context_length_exceeded"
     assert P.engine_error(RuntimeError("boom")).status == 500
     assert P.shutting_down().status == 503
+
+
+def test_a_lost_stage_is_503_with_retry_after_and_other_failures_500():
+    """A step that failed because a pipeline stage went away (the cause chain the pipeline
+    raises) tells the client to retry; any other failure is the server's."""
+    try:
+        try:
+            raise StageUnavailableError("stage 1 at 127.0.0.1:9 is gone")
+        except StageUnavailableError as lost:
+            raise StepFailedError("step failed") from lost
+    except StepFailedError as failed:
+        err = P.generation_failed(failed)
+    assert (err.status, err.code, err.headers["Retry-After"]) == (503, "stage_unavailable", "1")
+    assert "generation failed" in err.body()["error"]["message"]
+    other = P.generation_failed(StepFailedError("llama_decode returned -3"))
+    assert (other.status, other.code, other.headers) == (500, "generation_failed", {})
+    assert P.generation_failed(None).status == 500
 
 
 def test_chunk_shapes():

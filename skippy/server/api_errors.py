@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import EngineClosedError, InvalidInputError, OverloadedError, PromptTooLongError, SkippyError
+from ..errors import (EngineClosedError, InvalidInputError, OverloadedError, PromptTooLongError, SkippyError,
+                      StageUnavailableError)
 
 RETRY_AFTER_S = 1
 
@@ -53,6 +54,18 @@ def engine_error(exc: BaseException) -> ApiError:
 def shutting_down() -> ApiError:
     return ApiError(503, "the server is shutting down", type="server_error", code="shutting_down",
                     headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def generation_failed(error: BaseException | None) -> ApiError:
+    """A request that failed after it was accepted. A lost pipeline stage is 503 + Retry-After:
+    the server is fine and a retry is served once the stage is back; anything else is a 500."""
+    cause: BaseException | None = error
+    while cause is not None and not isinstance(cause, StageUnavailableError):
+        cause = cause.__cause__
+    if cause is not None:
+        return ApiError(503, f"generation failed: {error}", type="server_error", code="stage_unavailable",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    return ApiError(500, f"generation failed: {error}", type="server_error", code="generation_failed")
 
 
 def not_found(model: str) -> ApiError:

@@ -236,7 +236,7 @@ async def _collect(request: HttpRequest, state: ServerState, streams: Sequence[A
         raise P.shutting_down()  # only shutdown ends a request whose client is still there
     failed = next((f for f in finals if f.finish_reason == "error"), None)
     if failed is not None:
-        raise P.ApiError(500, f"generation failed: {failed.error}", type="server_error", code="generation_failed")
+        raise P.generation_failed(failed.error)
     n = call.n if call is not None else 1
     if views is not None:
         choices = [(*v.full(p), ) for v, p in zip(views, parts)]
@@ -360,8 +360,7 @@ def _view_chunks(view: ChoiceView, event: Any, shape: P.ResponseShape, call: P.G
 def _final_events(final: Any, shape: P.ResponseShape, call: P.GenerateCall, encode: Any, first: bool,
                   index: int = 0, text: bool = True) -> list[bytes]:
     if final.finish_reason in ("cancelled", "error"):
-        err = (P.shutting_down() if final.finish_reason == "cancelled" else
-               P.ApiError(500, f"generation failed: {final.error}", type="server_error", code="generation_failed"))
+        err = P.shutting_down() if final.finish_reason == "cancelled" else P.generation_failed(final.error)
         return [P.sse_event(err.body())]
     out = [encode(final.text, first)] if final.text and text else []
     out.append(P.sse_event(shape.chunk("", final.finish_reason, include_usage=call.include_usage, index=index)))

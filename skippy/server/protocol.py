@@ -26,6 +26,7 @@ from .api_errors import (  # noqa: F401  (re-exported: the app and tests use the
     error_body,
     not_found,
     shutting_down,
+    generation_failed,
     unauthorized,
 )
 

@@ -264,9 +264,7 @@ async def tool_sse(state: Any, streams: list[Any], shape: Any, call: Any, t_arri
                     t[0] = t[0] or now
             final = events[-1] if events[-1].final else None
             if final is not None and final.finish_reason in ("cancelled", "error"):
-                err = (P.shutting_down() if final.finish_reason == "cancelled" else
-                       P.ApiError(500, f"generation failed: {final.error}", type="server_error",
-                                  code="generation_failed"))
+                err = P.shutting_down() if final.finish_reason == "cancelled" else P.generation_failed(final.error)
                 yield P.sse_event(err.body())
                 break
             parser = parsers[i]
