@@ -10,6 +10,8 @@ prints its invariants and a JSON summary, and exits non-zero when one fails. Lay
 - engine_run.py  driver: the engine in-process              (python -m stress.engine_run)
 - server_run.py  driver: `skippy serve` over HTTP with httpx (python -m stress.server_run)
 - server_proc.py the `skippy serve` subprocess: start on a free port, /metrics, RSS, stop
+- soak.py        driver: a bounded soak of open-loop load, sampled over time (python -m stress.soak)
+- soak_checks.py the soak's records and pass criteria (pure); soak_plot.py its soak.png
 - report.py      printing and the results files under stress/results/<name>/
 - cli.py         the options both drivers share
 """
