@@ -2,7 +2,7 @@
 
 from ._build import BuildFlags, NativeBuild, ensure_built, ensure_stock_tools, locate
 from .batch import Batch
-from .context import Context, ContextOptions
+from .context import Context, ContextOptions, FaultKind
 from .model import Model
 from .probe import probe_model
 from .tokenizer import Tokenizer
@@ -12,6 +12,7 @@ __all__ = [
     "BuildFlags",
     "Context",
     "ContextOptions",
+    "FaultKind",
     "Model",
     "NativeBuild",
     "Tokenizer",

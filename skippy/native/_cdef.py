@@ -138,6 +138,13 @@ size_t llama_state_seq_get_data(struct llama_context * ctx, uint8_t * dst, size_
 size_t llama_state_seq_set_data(struct llama_context * ctx, const uint8_t * src, size_t size, llama_seq_id dest_seq_id);
 
 int32_t llama_decode(struct llama_context * ctx, struct llama_batch batch);
+
+/* [skippy] test only (patches/0008) */
+enum llama_test_fault_kind {
+    LLAMA_TEST_FAULT_NONE, LLAMA_TEST_FAULT_COMPUTE, LLAMA_TEST_FAULT_ABORT, LLAMA_TEST_FAULT_KV_SLOT, ...
+};
+int32_t llama_test_fault_arm(struct llama_context * ctx, int32_t kind, int32_t after, int32_t count);
+int32_t llama_test_fault_fired(const struct llama_context * ctx);
 float * llama_get_logits(struct llama_context * ctx);
 float * llama_get_embeddings(struct llama_context * ctx);
 

@@ -6,12 +6,14 @@ guard turns accidental concurrent use into an error instead of memory corruption
 
 from __future__ import annotations
 
+import enum
 import os
 import threading
 from typing import Any, Literal
 
 import attrs
 import numpy as np
+from loguru import logger
 
 from ..errors import (
     ClosedError,
@@ -30,6 +32,35 @@ from .model import Model
 
 FlashAttn = Literal["auto", "on", "off"]
 MAX_SEQ = 256  # llama_max_parallel_sequences() in the pinned build; checked at context creation
+
+
+class FaultKind(enum.IntEnum):
+    """Test only: the fault an armed context injects at llama.cpp's own failure point (patches/0008)."""
+
+    COMPUTE = 1  # a ubatch's graph computes, then reports failure: llama_decode returns -3 -> DecodeError
+    ABORT = 2  # a ubatch's compute is stopped by the abort callback: 2 -> DecodeAbortedError
+    KV_SLOT = 3  # the memory finds no slot for the batch: 1 -> NoKvSlotError
+
+
+# Test only: "KIND:AFTER[:COUNT]" (KIND compute | abort | kv_slot) arms every Context the process creates
+# (Context.arm_test_fault), so a test can inject faults into a `skippy serve` subprocess. Never set it in serving.
+TEST_FAULT_ENV = "SKIPPY_TEST_FAULT"
+
+
+def parse_test_fault(spec: str) -> tuple[FaultKind, int, int]:
+    """SKIPPY_TEST_FAULT's value -> (kind, after, count)."""
+    parts = spec.strip().split(":")
+    try:
+        if not 2 <= len(parts) <= 3:
+            raise ValueError("expected KIND:AFTER[:COUNT]")
+        kind = FaultKind[parts[0].strip().upper().replace("-", "_")]
+        after, count = int(parts[1]), int(parts[2]) if len(parts) == 3 else 1
+        if after < 0 or count == 0:
+            raise ValueError("AFTER must be >= 0 and COUNT non-zero (negative: every point)")
+    except (KeyError, ValueError) as exc:
+        kinds = ", ".join(k.name.lower() for k in FaultKind)
+        raise InvalidInputError(f"{TEST_FAULT_ENV}={spec!r}: {exc} (KIND one of {kinds})") from None
+    return kind, after, count
 
 
 def _default_threads() -> int:
@@ -89,6 +120,8 @@ class Context:
             "on": lib.LLAMA_FLASH_ATTN_TYPE_ENABLED,
             "off": lib.LLAMA_FLASH_ATTN_TYPE_DISABLED,
         }[opts.flash_attn]
+        fault_spec = os.environ.get(TEST_FAULT_ENV)
+        fault = parse_test_fault(fault_spec) if fault_spec else None
         ptr = lib.llama_init_from_model(model._handle(), params)
         if ptr == self._ffi.NULL:
             raise ContextError(f"llama.cpp refused a context with {opts}; see the log above")
@@ -104,6 +137,9 @@ class Context:
         self.n_seq_max = int(lib.llama_n_seq_max(ptr))
         self._returns_hidden = model.returns_hidden
         model._contexts.add(self)
+        if fault is not None:
+            logger.warning("{}={}: this context injects test faults", TEST_FAULT_ENV, fault_spec)
+            self.arm_test_fault(*fault)
 
     # -- lifetime ------------------------------------------------------------
 
@@ -182,6 +218,32 @@ class Context:
     def abort(self) -> None:
         """Make the running (or next) decode return early with DecodeAbortedError. Thread-safe."""
         self._abort_flag[0] = 1
+
+    # -- test-only fault injection (patches/0008) ---------------------------------
+
+    def arm_test_fault(self, kind: FaultKind | str | None, after: int = 0, count: int = 1) -> None:
+        """Test only: make llama.cpp fail at its own failure point, through its own cleanup. The fault
+        fires at `count` consecutive injection points of `kind` (negative: every one until disarmed) once
+        `after` have passed; points are counted from now. COMPUTE and ABORT: each ubatch's graph compute
+        (one per decode while a batch fits one ubatch; a recurrent or hybrid model may split a batch);
+        KV_SLOT: each decode. Replaces an earlier arming; None disarms. Waits for a running decode."""
+        if kind is None:
+            code, after, count = self._lib.LLAMA_TEST_FAULT_NONE, 0, 1
+        else:
+            try:
+                code = int(FaultKind[kind.upper().replace("-", "_")] if isinstance(kind, str) else FaultKind(kind))
+            except (KeyError, ValueError):
+                raise InvalidInputError(f"unknown test fault kind {kind!r}") from None
+        if not isinstance(after, int) or after < 0 or not isinstance(count, int) or count == 0:
+            raise InvalidInputError(f"arm_test_fault needs after >= 0 and a non-zero count, got {after!r}, {count!r}")
+        with self._guard:
+            if int(self._lib.llama_test_fault_arm(self._handle(), code, after, count)) != 0:  # pragma: no cover
+                raise InvalidInputError(f"llama.cpp refused the test fault {kind!r}:{after}:{count}")
+
+    @property
+    def test_faults_fired(self) -> int:
+        """Test only: how many armed faults have fired on this context."""
+        return int(self._lib.llama_test_fault_fired(self._handle()))
 
     def _validate(self, batch: Batch) -> None:
         n = batch.n_tokens

@@ -40,6 +40,7 @@ def probe_model(path: os.PathLike[str] | str, timeout: float = 120.0) -> None:
     path = Path(path)
     check_gguf(path)  # the cheap structural checks first, with their precise messages
     env = {**os.environ, "GGML_NO_BACKTRACE": "1"}  # no debugger attached to a dying child
+    env.pop("SKIPPY_TEST_FAULT", None)  # a test's injected faults are for the serving context, not this probe
     try:
         proc = subprocess.run(
             [sys.executable, "-c", _CHILD, str(path)], capture_output=True, text=True, timeout=timeout, env=env

@@ -145,7 +145,16 @@ class StepScheduler:
         t1 = time.perf_counter()
         finished, failed, outputs = yield from self._settle(plan, result)
         if isinstance(result.error, NoKvSlotError):
-            victims += yield from self._relieve({ATTN: plan.n_tokens}, at_least=1)
+            free = sum(c.free for c in self.ledger.components)
+            more = yield from self._relieve({ATTN: plan.n_tokens}, at_least=1)
+            if not more and sum(c.free for c in self.ledger.components) <= free:
+                # nobody could be preempted and nothing was freed: the same batch would fail again
+                # forever. Like a step that nothing fits, its newest request fails instead.
+                in_step = {id(c.request) for c in plan.chunks}
+                stuck = [r for r in self.running if id(r) in in_step][-1:]
+                yield from self._fail(stuck, result.error)
+                failed = [*failed, *stuck]
+            victims += more
             self.preempted_last = True
         t_step = time.perf_counter() - t0
         return self._report(n_running, plan, admitted, victims, finished, failed, outputs, result,
