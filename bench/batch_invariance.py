@@ -5,7 +5,11 @@ of n_ubatch) and then decode G tokens together. Both modes run in the same proce
 same build, interleaved round by round, and each figure is the median over rounds, so the
 ratio on/off is measured side by side. Writes JSON, a markdown table and a plot.
 
-    python bench/batch_invariance.py [--models smollm2 gemma3] [--batches 1 8 32] [--rounds 3]
+    python bench/batch_invariance.py [--models smollm2 gemma3 falcon-h1 ...] [--batches 1 8 32] [--rounds 3]
+
+A model is a real model's name, a GGUF path, or a synthetic family at its base size (realistic
+dims, Q4_K_M: the MLA, SSM-hybrid and linear-attention-hybrid classes have no small real model
+on PyPI).
 """
 
 from __future__ import annotations
@@ -14,12 +18,14 @@ import argparse
 import json
 import platform
 import statistics
+import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from skippy.models import real_model
+from skippy.models import real_model, synthetic_model
+from skippy.models.synth import BASE
 from skippy.native import Batch, Context, ContextOptions, Model
 
 
@@ -50,6 +56,15 @@ def measure(model: Model, invariant: bool, b: int, prompt: int, gen: int, thread
     return b * prompt / prefill_s, b * gen / decode_s
 
 
+def model_path(name: str) -> Path:
+    """A GGUF path, a synthetic family at its base size (written once into the cache), or a real model."""
+    if Path(name).is_file():
+        return Path(name)
+    if name in BASE:
+        return synthetic_model(name, size="base")
+    return real_model(name)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["smollm2", "gemma3"])
@@ -63,7 +78,7 @@ def main() -> None:
 
     rows = []
     for name in args.models:
-        path = real_model(name)
+        path = model_path(name)
         # the default engine keeps the repacked kernels; invariant mode loads without them
         with Model(path, repack=True) as fast, Model(path, repack=False) as plain:
             for b in args.batches:
@@ -84,7 +99,8 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"prompt": args.prompt, "gen": args.gen, "rounds": args.rounds, "threads": args.threads,
-            "machine": platform.processor() or platform.machine(), "command": "python bench/batch_invariance.py"}
+            "machine": platform.processor() or platform.machine(),
+            "command": "python bench/batch_invariance.py " + " ".join(sys.argv[1:])}
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = [
         f"# Batch-invariant mode: cost (P={args.prompt}, G={args.gen}, {args.threads} threads, median of {args.rounds})",
