@@ -12,10 +12,25 @@
 #include <stdlib.h>
 #include <string.h>
 
+static struct ggml_context * new_context(void) {
+    struct ggml_init_params ip = { (size_t) 256 * 1024 * 1024, NULL, false };
+    return ggml_init(ip);
+}
+
+// Y computed on a CPU backend with the given threads and batch-invariant mode
+static void compute(struct ggml_context * ctx, struct ggml_tensor * Y, int invariant, int threads) {
+    struct ggml_cgraph * gf = ggml_new_graph(ctx);
+    ggml_build_forward_expand(gf, Y);
+    ggml_backend_t backend = ggml_backend_cpu_init();
+    ggml_backend_cpu_set_n_threads(backend, threads);
+    ggml_backend_cpu_set_batch_invariant(backend, invariant);
+    ggml_backend_graph_compute(backend, gf);
+    ggml_backend_free(backend);
+}
+
 static void last_column(enum ggml_type type, int K, int M, int n, const float * wf, const float * x,
                         float * out, int invariant, int threads) {
-    struct ggml_init_params ip = { (size_t) 256 * 1024 * 1024, NULL, false };
-    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_context * ctx = new_context();
     struct ggml_tensor * W = ggml_new_tensor_2d(ctx, type, K, M);
     ggml_quantize_chunk(type, wf, W->data, 0, M, K, NULL);
     struct ggml_tensor * X = ggml_new_tensor_2d(ctx, GGML_TYPE_F32, K, n);
@@ -25,14 +40,8 @@ static void last_column(enum ggml_type type, int K, int M, int n, const float * 
         }
     }
     struct ggml_tensor * Y = ggml_mul_mat(ctx, W, X);
-    struct ggml_cgraph * gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, Y);
-    ggml_backend_t backend = ggml_backend_cpu_init();
-    ggml_backend_cpu_set_n_threads(backend, threads);
-    ggml_backend_cpu_set_batch_invariant(backend, invariant);
-    ggml_backend_graph_compute(backend, gf);
+    compute(ctx, Y, invariant, threads);
     memcpy(out, (float *) Y->data + (size_t) (n - 1) * M, sizeof(float) * M);
-    ggml_backend_free(backend);
     ggml_free(ctx);
 }
 
@@ -40,8 +49,7 @@ static void last_column(enum ggml_type type, int K, int M, int n, const float * 
 // broadcast over 4 src1 batches, each batch n columns. Out: every batch's last column (4 x M).
 static void last_column_batched(enum ggml_type type, int K, int M, int n, const float * wf, const float * x,
                                 float * out, int invariant, int threads) {
-    struct ggml_init_params ip = { (size_t) 256 * 1024 * 1024, NULL, false };
-    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_context * ctx = new_context();
     struct ggml_tensor * W = ggml_new_tensor_3d(ctx, type, K, M, 2);
     for (int e = 0; e < 2; e++) {
         ggml_quantize_chunk(type, wf + (size_t) (e + 1) * K, (char *) W->data + e * W->nb[2], 0, M, K, NULL);
@@ -56,16 +64,10 @@ static void last_column_batched(enum ggml_type type, int K, int M, int n, const 
         }
     }
     struct ggml_tensor * Y = ggml_mul_mat(ctx, W, X);
-    struct ggml_cgraph * gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, Y);
-    ggml_backend_t backend = ggml_backend_cpu_init();
-    ggml_backend_cpu_set_n_threads(backend, threads);
-    ggml_backend_cpu_set_batch_invariant(backend, invariant);
-    ggml_backend_graph_compute(backend, gf);
+    compute(ctx, Y, invariant, threads);
     for (int h = 0; h < 4; h++) {
         memcpy(out + (size_t) h * M, (float *) Y->data + ((size_t) h * n + n - 1) * M, sizeof(float) * M);
     }
-    ggml_backend_free(backend);
     ggml_free(ctx);
 }
 
@@ -74,8 +76,7 @@ static void last_column_batched(enum ggml_type type, int K, int M, int n, const 
 static void last_token_experts(enum ggml_type type, int K, int M, int n, const float * wf, const float * x,
                                float * out, int invariant, int threads) {
     const int n_exp = 4, n_used = 2;
-    struct ggml_init_params ip = { (size_t) 256 * 1024 * 1024, NULL, false };
-    struct ggml_context * ctx = ggml_init(ip);
+    struct ggml_context * ctx = new_context();
     struct ggml_tensor * W = ggml_new_tensor_3d(ctx, type, K, M, n_exp);
     for (int e = 0; e < n_exp; e++) {
         // expert e: rows e .. e+M-1 of wf (it holds M + 4 rows), so the experts differ
@@ -94,16 +95,18 @@ static void last_token_experts(enum ggml_type type, int K, int M, int n, const f
         ((int32_t *) ids->data)[t * n_used + 1] = t == n - 1 ? 2 : 1 + t % 3;
     }
     struct ggml_tensor * Y = ggml_mul_mat_id(ctx, W, X, ids);
-    struct ggml_cgraph * gf = ggml_new_graph(ctx);
-    ggml_build_forward_expand(gf, Y);
-    ggml_backend_t backend = ggml_backend_cpu_init();
-    ggml_backend_cpu_set_n_threads(backend, threads);
-    ggml_backend_cpu_set_batch_invariant(backend, invariant);
-    ggml_backend_graph_compute(backend, gf);
+    compute(ctx, Y, invariant, threads);
     memcpy(out, (float *) Y->data + (size_t) (n - 1) * n_used * M, sizeof(float) * n_used * M);
-    ggml_backend_free(backend);
     ggml_free(ctx);
 }
+
+typedef void (*case_fn)(enum ggml_type, int, int, int, const float *, const float *, float *, int, int);
+
+static const struct { const char * op; case_fn run; int outputs; } CASES[] = {
+    { "mul_mat", last_column, 1 },                  // outputs: the case's result size in units of M
+    { "mul_mat_id", last_token_experts, 2 },
+    { "mul_mat_batched", last_column_batched, 4 },
+};
 
 int main(void) {
     const int K = 1024, M = 96;
@@ -121,33 +124,17 @@ int main(void) {
     for (int i = 0; i < K; i++) x[i] = rand() / (float) RAND_MAX - 0.5f;
     for (int invariant = 0; invariant < 2; invariant++) {
         for (size_t t = 0; t < sizeof(TYPES) / sizeof(TYPES[0]); t++) {
-            float worst = 0.0f;
-            for (int threads = 1; threads <= 2; threads++) {
-                last_column(TYPES[t], K, M, 1, wf, x, one, invariant, threads);
-                for (size_t k = 0; k < sizeof(NS) / sizeof(NS[0]); k++) {
-                    last_column(TYPES[t], K, M, NS[k], wf, x, many, invariant, threads);
-                    for (int i = 0; i < M; i++) worst = fmaxf(worst, fabsf(one[i] - many[i]));
+            for (size_t c = 0; c < sizeof(CASES) / sizeof(CASES[0]); c++) {
+                float worst = 0.0f;
+                for (int threads = 1; threads <= 2; threads++) {
+                    CASES[c].run(TYPES[t], K, M, 1, wf, x, one, invariant, threads);
+                    for (size_t k = 0; k < sizeof(NS) / sizeof(NS[0]); k++) {
+                        CASES[c].run(TYPES[t], K, M, NS[k], wf, x, many, invariant, threads);
+                        for (int i = 0; i < CASES[c].outputs * M; i++) worst = fmaxf(worst, fabsf(one[i] - many[i]));
+                    }
                 }
+                printf("%s %s %s %g\n", invariant ? "on" : "off", CASES[c].op, ggml_type_name(TYPES[t]), worst);
             }
-            printf("%s mul_mat %s %g\n", invariant ? "on" : "off", ggml_type_name(TYPES[t]), worst);
-            worst = 0.0f;
-            for (int threads = 1; threads <= 2; threads++) {
-                last_token_experts(TYPES[t], K, M, 1, wf, x, one, invariant, threads);
-                for (size_t k = 0; k < sizeof(NS) / sizeof(NS[0]); k++) {
-                    last_token_experts(TYPES[t], K, M, NS[k], wf, x, many, invariant, threads);
-                    for (int i = 0; i < 2 * M; i++) worst = fmaxf(worst, fabsf(one[i] - many[i]));
-                }
-            }
-            printf("%s mul_mat_id %s %g\n", invariant ? "on" : "off", ggml_type_name(TYPES[t]), worst);
-            worst = 0.0f;
-            for (int threads = 1; threads <= 2; threads++) {
-                last_column_batched(TYPES[t], K, M, 1, wf, x, one, invariant, threads);
-                for (size_t k = 0; k < sizeof(NS) / sizeof(NS[0]); k++) {
-                    last_column_batched(TYPES[t], K, M, NS[k], wf, x, many, invariant, threads);
-                    for (int i = 0; i < 4 * M; i++) worst = fmaxf(worst, fabsf(one[i] - many[i]));
-                }
-            }
-            printf("%s mul_mat_batched %s %g\n", invariant ? "on" : "off", ggml_type_name(TYPES[t]), worst);
         }
     }
     return 0;

@@ -26,27 +26,17 @@ import pytest
 import trio
 
 import skippy
-from skippy._generate import generate_tokens
 from skippy.errors import DecodeAbortedError, DecodeError, NoKvSlotError, StepFailedError
 from skippy.kv import ComponentKind
 from skippy.native import Batch, Context, ContextOptions, FaultKind, Model
+
+from _solo_runs import prompt, solo
+from server._live import wait_healthy
 
 pytestmark = pytest.mark.native
 
 CAUSES = {FaultKind.COMPUTE: (DecodeError, -3), FaultKind.ABORT: (DecodeAbortedError, 2),
           FaultKind.KV_SLOT: (NoKvSlotError, 1)}
-
-
-def prompt(i: int, n: int) -> list[int]:
-    return [300 + (i * 7 + 3 * k) % 200 for k in range(n)]
-
-
-def solo(path, prompts_and_max) -> list[list[int]]:
-    """Each request alone, greedy, on its own batch-invariant context."""
-    with Model(path, repack=False) as model:
-        opts = ContextOptions(n_ctx=512, n_batch=64, n_ubatch=64, n_seq_max=1, threads=1, batch_invariant=True)
-        with Context(model, opts) as ctx:
-            return [list(generate_tokens(ctx, np.array(p, dtype=np.int32), m)) for p, m in prompts_and_max]
 
 
 def lanes_idle(engine) -> bool:
@@ -327,12 +317,7 @@ async def test_skippy_serve_turns_an_injected_decode_failure_into_an_api_error(s
     try:
         with trio.fail_after(90):
             async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
-                while True:
-                    try:
-                        if (await http.get("/health")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        await trio.sleep(0.1)
+                await wait_healthy(http)
                 if stream:
                     async with http.stream("POST", "/v1/completions", json={**body, "stream": True}) as r:
                         assert r.status_code == 200

@@ -26,6 +26,20 @@ async def live_server(model, *, shutdown_trigger=None, deadline=30.0, names=None
             nursery.cancel_scope.cancel()
 
 
+async def wait_healthy(http) -> None:
+    """Poll /health on an httpx.AsyncClient until a server process started by the test answers 200
+    (the caller's fail_after bounds it)."""
+    import httpx
+
+    while True:
+        try:
+            if (await http.get("/health")).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        await trio.sleep(0.1)
+
+
 def openai_client(url: str):
     import openai
 

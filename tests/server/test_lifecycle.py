@@ -18,7 +18,7 @@ import trio
 import skippy
 from skippy.server import create_app, serve_app
 
-from ._live import live_server
+from ._live import live_server, wait_healthy
 
 pytestmark = pytest.mark.server
 
@@ -140,12 +140,7 @@ async def test_skippy_serve_exits_0_on_signal_after_finishing_in_flight(signum, 
     try:
         with trio.fail_after(45):
             async with httpx.AsyncClient(base_url=url, timeout=30) as http:
-                while True:
-                    try:
-                        if (await http.get("/health")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        await trio.sleep(0.1)
+                await wait_healthy(http)
                 assert (await http.get("/v1/models")).json()["data"][0]["id"] == "llama-s0-v1"
                 async with http.stream("POST", "/v1/completions",
                                        json={"model": "llama", "prompt": "hi", "max_tokens": 40, "ignore_eos": True,
