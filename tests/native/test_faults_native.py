@@ -16,7 +16,7 @@ import skippy
 from skippy.errors import DecodeAbortedError, ModelLoadError, StepFailedError
 from skippy.kv import ComponentKind
 
-from _solo_runs import prompt, solo
+from _fault_runs import prompt, run_load, solo
 
 pytestmark = pytest.mark.native
 
@@ -63,18 +63,7 @@ async def test_a_failing_real_step_fails_only_its_requests(synth_model_path, whe
                 return decode(*args)
 
             engine.runtime.decode = faulty
-            ids: dict[int, int] = {}
-            out: list[list] = [[] for _ in specs]
-
-            async def one(i: int) -> None:
-                stream = engine.generate(specs[i][0], max_tokens=specs[i][1])
-                ids[i] = stream.request.id
-                async for event in stream:
-                    out[i].append(event)
-
-            async with trio.open_nursery() as nursery:
-                for i in range(len(specs)):
-                    nursery.start_soon(one, i)
+            ids, out = await run_load(engine, specs)
             after = [e.token async for e in engine.generate(prompt(50, 9), max_tokens=8) if e.token is not None]
             idle = await becomes_idle(engine)
             stats = engine.stats()

@@ -30,7 +30,7 @@ from skippy.errors import DecodeAbortedError, DecodeError, NoKvSlotError, StepFa
 from skippy.kv import ComponentKind
 from skippy.native import Batch, Context, ContextOptions, FaultKind, Model
 
-from _solo_runs import prompt, solo
+from _fault_runs import prompt, run_load, solo
 from server._live import wait_healthy
 
 pytestmark = pytest.mark.native
@@ -53,23 +53,6 @@ async def settled_idle(engine, timeout: float = 10.0) -> bool:
         await engine.settled()
         return lanes_idle(engine)
     return False
-
-
-async def run_load(engine, specs) -> tuple[dict[int, int], list[list]]:
-    """Every spec submitted at once; (spec index -> request id, each spec's events)."""
-    ids: dict[int, int] = {}
-    out: list[list] = [[] for _ in specs]
-
-    async def one(i: int) -> None:
-        stream = engine.generate(specs[i][0], max_tokens=specs[i][1])
-        ids[i] = stream.request.id
-        async for event in stream:
-            out[i].append(event)
-
-    async with trio.open_nursery() as nursery:
-        for i in range(len(specs)):
-            nursery.start_soon(one, i)
-    return ids, out
 
 
 def tokens_of(events) -> list[int]:
