@@ -49,17 +49,23 @@ TEST_FAULT_ENV = "SKIPPY_TEST_FAULT"
 
 def parse_test_fault(spec: str) -> tuple[FaultKind, int, int]:
     """SKIPPY_TEST_FAULT's value -> (kind, after, count)."""
+    kinds = ", ".join(k.name.lower() for k in FaultKind)
+
+    def bad(why: str) -> InvalidInputError:
+        return InvalidInputError(f"{TEST_FAULT_ENV}={spec!r}: {why} (KIND one of {kinds})")
+
     parts = spec.strip().split(":")
+    if not 2 <= len(parts) <= 3:
+        raise bad("expected KIND:AFTER[:COUNT]")
+    kind = FaultKind.__members__.get(parts[0].strip().upper().replace("-", "_"))
+    if kind is None:
+        raise bad(f"unknown KIND {parts[0]!r}")
     try:
-        if not 2 <= len(parts) <= 3:
-            raise ValueError("expected KIND:AFTER[:COUNT]")
-        kind = FaultKind[parts[0].strip().upper().replace("-", "_")]
         after, count = int(parts[1]), int(parts[2]) if len(parts) == 3 else 1
-        if after < 0 or count == 0:
-            raise ValueError("AFTER must be >= 0 and COUNT non-zero (negative: every point)")
-    except (KeyError, ValueError) as exc:
-        kinds = ", ".join(k.name.lower() for k in FaultKind)
-        raise InvalidInputError(f"{TEST_FAULT_ENV}={spec!r}: {exc} (KIND one of {kinds})") from None
+    except ValueError:
+        raise bad("AFTER and COUNT must be integers") from None
+    if after < 0 or count == 0:
+        raise bad("AFTER must be >= 0 and COUNT non-zero (negative: every point)")
     return kind, after, count
 
 
