@@ -1,7 +1,7 @@
 """python -m bench.gate {sweep,matrix,check,report}: run a sweep or the matrix, judge it, or redraw its report.
 
     sweep   run engines x workloads x loads, write bench/results/<name>/ (JSON, summary.md, PNGs)
-    matrix  a sweep and an overload run per KV class, one verdict row per class (bench/gate/matrix.py)
+    matrix  a sweep, an overload and a goodput run per KV class, one verdict row per class (bench/gate/matrix.py)
     check   per-engine-pair verdicts over a results dir (per class for a matrix); exit 1 when new falls short
     report  rewrite summary.md and the plots from results.json (e.g. under another SLO)
 

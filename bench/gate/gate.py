@@ -54,6 +54,13 @@ class Check:
 Key = tuple[str, str, str, float]  # (engine, workload, load kind, x)
 
 
+def min_ratio_check(engine: str, reference: str, workload: str, name: str, new: float | None, ref: float | None,
+                    minimum: float, what: str) -> Check:
+    """new >= minimum x reference; either side missing fails (0 against 0 passes)."""
+    ok = new is not None and ref is not None and new >= minimum * ref
+    return Check(reference, workload, name, ok, new, ref, f"{what} >= {minimum:g} x reference", engine)
+
+
 def pair_checks(runs: Mapping[Key, Summary], reference: str, workload: str, at_n: int,
                 th: Thresholds, engine: str = NEW) -> list[Check]:
     """The checks of `engine` (the new side) against `reference` on one workload's closed-loop runs."""
@@ -61,8 +68,7 @@ def pair_checks(runs: Mapping[Key, Summary], reference: str, workload: str, at_n
         return runs.get((name, workload, "closed", float(n)))
 
     def ratio_check(name: str, new: float | None, ref: float | None, minimum: float, what: str) -> Check:
-        ok = new is not None and ref is not None and new >= minimum * ref
-        return Check(reference, workload, name, ok, new, ref, f"{what} >= {minimum:g} x reference", engine)
+        return min_ratio_check(engine, reference, workload, name, new, ref, minimum, what)
 
     new, ref = get(engine, at_n), get(reference, at_n)
     checks = [

@@ -11,7 +11,9 @@ synthetic model of every class so the harness is exercised in CI.
 Layout: <out>/matrix.json (configuration, per-class wall time and command; a later run into the
 same directory keeps the classes it does not rerun), <out>/summary.md (verdict rows),
 <out>/<class>/ (the sweep's results.json, summary.md, plots, logs, gate.txt) and
-<out>/<class>/overload/ (the overload run, a sweep of its own).
+<out>/<class>/overload/ (the overload run, a sweep of its own) and <out>/<class>/goodput/ (open-loop
+Poisson at fractions of the class's capacity, matrix_goodput.py). `--goodput-only` adds the
+goodput run to classes an earlier matrix measured, keeping everything else of matrix.json.
 """
 
 from __future__ import annotations
@@ -23,11 +25,12 @@ import platform
 import sys
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 
 from .engines import FAST, NEW, OLD, PEER, STOCK
+from .matrix_goodput import goodput_workload, load_goodput, run_goodput
 from .model import ModelSpec
 from .records import RunResult
 from .report import load_results
@@ -95,10 +98,10 @@ def overload_options(sweep: SweepOptions, plan: OverloadPlan) -> SweepOptions:
     `-np lanes` (it queues without bound)."""
     server = attrs.evolve(sweep.server, skippy_extra=sweep.server.skippy_extra + (
         "--n-seq-max", str(plan.lanes), "--max-waiting", str(plan.waiting)))
-    chat = tuple(w for w in sweep.workloads if w.name == "chat") or sweep.workloads[:1]
     return attrs.evolve(sweep, out=sweep.out / OVERLOAD_DIR, server=server,
                         engines=tuple(e for e in sweep.engines if e in OVERLOAD_ENGINES),
-                        workloads=chat, concurrency=(plan.n,), rates=(), slots=plan.lanes, batched_bench=False)
+                        workloads=goodput_workload(sweep.workloads), concurrency=(plan.n,), rates=(), slots=plan.lanes,
+                        batched_bench=False)
 
 
 @attrs.frozen
@@ -110,6 +113,8 @@ class MatrixOptions:
     scale: SloScale
     at_n: int | None  # None: 32 where swept, else the largest N of the class
     quick: bool = False
+    goodput: tuple[float, ...] = ()  # the goodput run's fractions of capacity; () skips it
+    goodput_only: bool = False  # only the goodput run, on an earlier matrix's closed loop
 
 
 def at_n_of(opts: MatrixOptions, name: str) -> int:
@@ -160,27 +165,49 @@ def _write_json(out: Path, data: dict[str, Any]) -> None:
     tmp.replace(out / MATRIX_JSON)
 
 
-async def run_matrix(opts: MatrixOptions) -> dict[str, Any]:
-    """Every class in turn: its sweep, its overload run, then matrix.json and summary.md again
-    (an interrupted matrix keeps the classes it finished)."""
-    from .matrix_report import write_matrix_report
+def earlier_matrix(out: Path, names: Sequence[str]) -> dict[str, Any]:
+    """matrix.json of an earlier run whose classes `names` finished their closed loop: what a
+    goodput-only run adds to (and keeps everything else of)."""
+    try:
+        data = json.loads((out / MATRIX_JSON).read_text())
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"bench: --goodput-only needs an earlier matrix in {out}: {e}") from e
+    have = {e["name"] for e in data["meta"]["classes"] if (out / e["dir"] / "results.json").exists()}
+    if missing := [n for n in names if n not in have]:
+        raise SystemExit(f"bench: --goodput-only: no closed-loop results for {', '.join(missing)} in {out}")
+    return data
 
-    opts.out.mkdir(parents=True, exist_ok=True)
-    data: dict[str, Any] = {"meta": _merged(opts.out, _meta(opts)), "complete": False}
-    _write_json(opts.out, data)
-    entries = {e["name"]: e for e in data["meta"]["classes"]}
-    for c in opts.classes:
-        entry = entries[c.name]
+
+async def _class_runs(opts: MatrixOptions, c: GateClass, entry: dict[str, Any], save: Callable[[], None]) -> None:
+    """One class: its sweep and overload run (unless goodput-only), then its goodput run."""
+    sweep = opts.sweeps[c.name]
+    print(f"bench: class {c.name}: {Path(sweep.server.model.path).name}", file=sys.stderr)
+    if not opts.goodput_only:
         started = time.monotonic()
-        sweep = opts.sweeps[c.name]
-        print(f"bench: class {c.name}: {Path(sweep.server.model.path).name}", file=sys.stderr)
         await run_sweep(sweep)
         if opts.overload is not None:
             await run_sweep(overload_options(sweep, opts.overload))
         entry["wall_s"] = round(time.monotonic() - started, 1)
-        _write_json(opts.out, data)
+        save()
+    if opts.goodput:
+        await run_goodput(sweep, entry, opts.goodput, opts.at_n if opts.at_n is not None else entry["at_n"], save)
+
+
+async def run_matrix(opts: MatrixOptions) -> dict[str, Any]:
+    """Every class in turn: its sweep, its overload run, its goodput run, then matrix.json and
+    summary.md again (an interrupted matrix keeps the classes it finished)."""
+    from .matrix_report import write_matrix_report
+
+    opts.out.mkdir(parents=True, exist_ok=True)
+    names = [c.name for c in opts.classes]
+    data: dict[str, Any] = (earlier_matrix(opts.out, names) if opts.goodput_only
+                            else {"meta": _merged(opts.out, _meta(opts)), "complete": False})
+    _write_json(opts.out, data)
+    entries = {e["name"]: e for e in data["meta"]["classes"]}
+    for c in opts.classes:
+        await _class_runs(opts, c, entries[c.name], lambda: _write_json(opts.out, data))
         write_matrix_report(opts.out)
-    data["complete"] = True
+    data["complete"] = data["complete"] or not opts.goodput_only  # goodput-only keeps the earlier state
     _write_json(opts.out, data)
     write_matrix_report(opts.out)
     return data
@@ -198,17 +225,19 @@ class ClassData:
     meta: dict[str, Any] | None = attrs.field(hash=False)
     runs: tuple[RunResult, ...]
     overload: tuple[RunResult, ...]
+    goodput: tuple[RunResult, ...] = ()  # open-loop Poisson (matrix_goodput.py)
 
 
 def load_matrix(path: Path) -> tuple[dict[str, Any], list[ClassData]]:
-    """matrix.json and, per class, its sweep's and overload run's records (whatever exists)."""
+    """matrix.json and, per class, its sweep's, overload and goodput runs' records (whatever exists)."""
     data = json.loads((path / MATRIX_JSON).read_text())
     out = []
     for entry in data["meta"]["classes"]:
         base = path / entry["dir"]
         meta, runs = (load_results(base)[:2]) if (base / "results.json").exists() else (None, [])
         over = load_results(base / OVERLOAD_DIR)[1] if (base / OVERLOAD_DIR / "results.json").exists() else []
-        out.append(ClassData(entry, meta, tuple(runs), tuple(over)))
+        good = load_goodput(base) if entry.get("goodput") else ()  # a stale goodput/ of a rerun class: not read
+        out.append(ClassData(entry, meta, tuple(runs), tuple(over), good))
     return data, out
 
 

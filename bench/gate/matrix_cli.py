@@ -7,6 +7,7 @@ sweep's options (cli._run_args) and builds one SweepOptions per class with cli.s
 from __future__ import annotations
 
 import argparse
+import json
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -23,6 +24,9 @@ from .matrix import (
     class_model,
     run_matrix,
 )
+from .matrix_goodput import GOODPUT_FRACTIONS, as_swept
+from .report import RESULTS
+from .sweep import SweepOptions
 from .verdict import SloScale
 
 # the matrix: every class at N up to 64 on chat, gen (128 -> 256) and the shared-prefix chat; n_ctx
@@ -40,7 +44,7 @@ OVERLOAD = {False: dict(n=64, lanes=16, waiting=16), True: dict(n=8, lanes=2, wa
 
 
 def matrix_parser(sub: Any) -> None:
-    p = sub.add_parser("matrix", help="the gate for every KV class: a sweep and an overload run per class, "
+    p = sub.add_parser("matrix", help="the gate for every KV class: a sweep, an overload and a goodput run per class, "
                                       "one verdict row each in bench/results/<name>/summary.md")
     p.add_argument("--quick", action="store_true",
                    help="CI run: each class's tiny synthetic model, N in {1,4}, skippy and llama-server, few requests")
@@ -61,6 +65,17 @@ def matrix_parser(sub: Any) -> None:
     p.add_argument("--slo-scale-tpot", type=float, default=SloScale().tpot_x,
                    help="scaled SLO: TPOT <= this x the engines' median N=1 TPOT p50 (default %(default)s)")
     p.add_argument("--at-n", type=int, help="the N of the @N checks (default 32 where swept, else the largest N)")
+    p.add_argument("--goodput-fractions", nargs="+", type=float, metavar="F",
+                   help="the goodput run's Poisson rates, as fractions of the class's capacity (median closed-loop "
+                   "req/s at N* of the engines but single-lane, chat); requests per rate: --poisson-requests "
+                   f"(default {' '.join(map(str, GOODPUT_FRACTIONS[False]))}; quick "
+                   f"{' '.join(map(str, GOODPUT_FRACTIONS[True]))})")
+    goodput = p.add_mutually_exclusive_group()
+    goodput.add_argument("--no-goodput", action="store_true", help="skip the goodput (open-loop Poisson) runs")
+    goodput.add_argument("--goodput-only", action="store_true",
+                         help="only the goodput runs of --classes, scaled to the closed loop an earlier matrix in "
+                         "the same directory measured (its engines, workloads and pool unless given here); "
+                         "matrix.json keeps everything else")
     _run_args(p, tuple(MATRIX_QUICK["engines"]))
     p.set_defaults(func=run)
 
@@ -99,11 +114,27 @@ def matrix_options(args: argparse.Namespace) -> MatrixOptions:
         n_ctx = args.n_ctx or auto_n_ctx(opts.concurrency, opts.workloads, N_CTX_FLOOR[args.quick])
         sweeps[c.name] = attrs.evolve(opts, out=out / c.name, server=attrs.evolve(opts.server, n_ctx=n_ctx),
                                       batched_bench=opts.batched_bench and not args.quick)
+    if args.goodput_only:
+        sweeps = {name: _as_swept(sweep, args) for name, sweep in sweeps.items()}
+    fractions = tuple(args.goodput_fractions or GOODPUT_FRACTIONS[args.quick])
+    if any(f <= 0 for f in fractions):
+        raise SystemExit("bench: --goodput-fractions must be positive")
     plan = {**OVERLOAD[args.quick], **{k: v for k, v in (("n", args.overload_n), ("lanes", args.overload_lanes),
                                                           ("waiting", args.overload_waiting)) if v is not None}}
     return MatrixOptions(out=out, classes=tuple(chosen), sweeps=sweeps,
                          overload=None if args.no_overload else OverloadPlan(**plan),
-                         scale=SloScale(args.slo_scale_ttft, args.slo_scale_tpot), at_n=args.at_n, quick=args.quick)
+                         scale=SloScale(args.slo_scale_ttft, args.slo_scale_tpot), at_n=args.at_n, quick=args.quick,
+                         goodput=() if args.no_goodput else fractions, goodput_only=args.goodput_only)
+
+
+def _as_swept(sweep: SweepOptions, args: argparse.Namespace) -> SweepOptions:
+    """--goodput-only: the class's sweep as its results.json ran it, but for what is given here."""
+    try:
+        meta = json.loads((sweep.out / RESULTS).read_text())["meta"]
+    except (OSError, ValueError, KeyError) as e:
+        raise SystemExit(f"bench: --goodput-only needs the closed-loop results in {sweep.out}: {e}") from e
+    return as_swept(sweep, meta, [k for k in ("engines", "workloads", "n_ctx", "threads", "n_batch")
+                                  if getattr(args, k, None) is not None])
 
 
 def run(args: argparse.Namespace) -> int:

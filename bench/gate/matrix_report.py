@@ -14,6 +14,7 @@ import attrs
 from .engines import ABOUT, FAST, NEW, OLD, PEER, STOCK
 from .gate import DEFAULTS, Thresholds, render
 from .matrix import OVERLOAD_DIR, ClassData, engines_present, load_matrix
+from .matrix_goodput import GOODPUT_DIR, goodput_lines
 from .metrics import Slo
 from .report import run_summary
 from .verdict import ClassVerdict, SloScale, all_passed, class_verdict, ratio
@@ -29,7 +30,8 @@ def verdicts(data: dict[str, Any], classes: Sequence[ClassData], thresholds: Map
     scale = SloScale(**meta["slo_scale"])
     lanes = (meta.get("overload") or {}).get("lanes", 0)
     return [(c, class_verdict(c.entry["name"], c.runs, c.overload, lanes, at_n or c.entry["at_n"], thresholds, scale,
-                              slo_override, workloads)) for c in classes]
+                              slo_override, workloads, goodput_runs=c.goodput,
+                              capacity=(c.entry.get("goodput") or {}).get("capacity"))) for c in classes]
 
 
 def _x(v: float | None) -> str:
@@ -56,7 +58,7 @@ def verdict_row(c: ClassData, v: ClassVerdict) -> str:
     checks = v.checks
     cells = [c.entry["name"], f"`{c.entry['model']}`", str(v.at_n)]
     cells += [_x(ratio(checks, NEW, ref, f"throughput@N={v.at_n}")) for ref in (OLD, PEER, STOCK)]
-    cells += [_x(ratio(checks, NEW, ref, f"goodput@N={v.at_n}")) for ref in (OLD, PEER, STOCK)]
+    cells += [_x(ratio(checks, NEW, ref, v.goodput_name)) for ref in (OLD, PEER, STOCK)]
     cells += [_x(ratio(checks, FAST, ref, f"throughput@N={v.at_n}")) for ref in (PEER, STOCK)]
     cells += [_ok(all_passed(checks, "p99 TTFT")), _ok(all_passed(checks, "N=1")), _overload_cell(v),
               f"{sum(k.passed for k in checks)}/{len(checks)}",
@@ -105,9 +107,13 @@ def _links(c: ClassData) -> str:
     base = Path(name)
     pngs = sorted({f"{r.workload}-closed.png" for r in c.runs})
     wall = c.entry.get("wall_s")
+    good = c.entry.get("goodput") or {}
     parts = [f"[summary]({base / SUMMARY})", f"[checks]({base / GATE_TXT})",
-             f"[overload]({base / OVERLOAD_DIR / SUMMARY})"] + [f"[{p}]({base / p})" for p in pngs]
+             f"[overload]({base / OVERLOAD_DIR / SUMMARY})"]
+    parts += [f"[goodput]({base / GOODPUT_DIR / SUMMARY})"] if good else []
+    parts += [f"[{p}]({base / p})" for p in pngs]
     command = f"; `{' '.join(c.entry['command'])}`" if c.entry.get("command") else ""
+    command += f"; goodput: `{' '.join(good['command'])}`" if good.get("command") else ""
     return (f"- **{name}** ({c.entry['about']}; `{c.entry['model']}`, N ∈ {c.entry['concurrency']}, "
             f"n_ctx {c.entry['n_ctx']}{'' if wall is None else f', {wall / 60:.1f} min'}{command}): "
             + " · ".join(parts))
@@ -135,7 +141,8 @@ def markdown(data: dict[str, Any], rows: Sequence[tuple[ClassData, ClassVerdict]
         "",
         "**Verdict.** PASS when, on every closed-loop workload at N*, skippy's throughput is ≥ "
         f"{DEFAULTS[OLD].throughput_ratio:g}× single-lane's and ≥ {DEFAULTS[PEER].throughput_ratio:g}× both "
-        "llama-servers', its goodput ≥ 1× each, its p99 TTFT no worse, its N=1 throughput within 5% and its curve "
+        "llama-servers', its goodput ≥ 1× each (open-loop Poisson at the highest rate of the goodput run where the "
+        "class has one, else closed loop at N*), its p99 TTFT no worse, its N=1 throughput within 5% and its curve "
         "no lower at any N, it fails no request, skippy-fast passes the same against both llama-servers, and the "
         "overload run is clean (every request answered or refused with 429: zero failures). Ratios: the worst "
         "workload's new / reference at N*; `python -m bench.gate check DIR` prints every check and takes other "
@@ -147,6 +154,7 @@ def markdown(data: dict[str, Any], rows: Sequence[tuple[ClassData, ClassVerdict]
     lines += ["", "## SLOs and goodput at N* (req/s, scaled / fixed SLO)", "",
               "| class | workload | scaled TTFT ms | scaled TPOT ms | goodput per engine |", "|---|---|---|---|---|"]
     lines += [row for c, v in rows for row in _slo_rows(c, v, fixed)]
+    lines += goodput_lines(rows, fixed)
     lines += ["", "## Memory: peak RSS (max over runs) and skippy's KV bytes per running session at N*", "",
               "| class | engine | peak RSS MiB | KV per session |", "|---|---|---|---|"]
     lines += [row for c, v in rows for row in _memory_rows(c, v)]
@@ -178,6 +186,11 @@ def check_text(rows: Sequence[tuple[ClassData, ClassVerdict]]) -> str:
                        + (f" ({'; '.join(o.errors)})" if o.errors else ""))
         if v.overload_clean is None:
             out.append("  overload: not run (FAIL: absent evidence)")
+        if good := c.entry.get("goodput"):
+            out.append(f"  goodput: capacity {good['capacity']:.3g} req/s ({good['workload']}, N={good['at_n']}); "
+                       f"Poisson at {', '.join(f'{r:g}' for r in good['rates'])} req/s "
+                       f"({', '.join(f'{f:g}' for f in good['fractions'])} x capacity)"
+                       + ("" if c.goodput else ": not run"))
     return "\n".join(out)
 
 

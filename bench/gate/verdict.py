@@ -7,6 +7,12 @@ engine or none. The scaled SLO puts the bar at a multiple of what this hardware 
 user: per class and workload, TTFT <= `ttft_x` x and TPOT <= `tpot_x` x the median over the
 engines of their N=1 p50. One bar for every engine of the class, so goodput compares like with
 like; the fixed SLO is reported beside it.
+
+Goodput is judged on open-loop Poisson runs where the class has them (matrix_goodput.py): at
+the highest rate (a fraction of the class's capacity) every engine sees the same arrivals, so
+the check says who keeps requests within the SLO near capacity. The closed-loop goodput at N*
+says nothing there (every engine is past capacity, goodput ~0 for all); it stays the check only
+for directories without Poisson runs.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ from typing import Iterable, Mapping, Sequence
 import attrs
 
 from .engines import FAST, NEW
-from .gate import Check, Key, Thresholds, gate
+from .gate import PAIRS, Check, Key, Thresholds, gate, min_ratio_check
 from .metrics import Slo, Summary
 from .records import RunResult
 from .report import run_summary
@@ -87,6 +93,7 @@ class ClassVerdict:
     checks: tuple[Check, ...]
     overload: tuple[Overload, ...]
     slos: dict[str, Slo | None] = attrs.field(hash=False)
+    goodput_name: str = ""  # the name of its goodput checks (closed loop at N*, or Poisson)
 
     @property
     def overload_clean(self) -> bool | None:
@@ -99,15 +106,53 @@ class ClassVerdict:
         return bool(self.checks) and all(c.passed for c in self.checks) and self.overload_clean is True
 
 
+def goodput_check_name(rate: float, capacity: float | None) -> str:
+    """`goodput@1x capacity` (the rate as a fraction of the class's capacity), else by its rate."""
+    return f"goodput@{round(rate / capacity, 2):g}x capacity" if capacity else f"goodput@{rate:g} req/s"
+
+
+def top_rate(poisson: Sequence[RunResult]) -> float | None:
+    """The highest Poisson rate run: the one the goodput check reads."""
+    return max((r.load.rate for r in poisson if r.load.kind == "poisson" and r.load.rate), default=None)
+
+
+def poisson_goodput_checks(closed: Sequence[RunResult], poisson: Sequence[RunResult], slos: Mapping[str, Slo | None],
+                           thresholds: Mapping[str, Thresholds], capacity: float | None,
+                           workloads: Sequence[str] | None = None) -> list[Check]:
+    """Per pair, goodput (req/s within the SLO) at the highest Poisson rate; a pair whose engine
+    lacks that run fails (absent evidence), as elsewhere."""
+    rate = top_rate(poisson)
+    if rate is None:
+        return []
+    at = [r for r in poisson if r.load.kind == "poisson" and r.load.rate == rate]
+    workload = at[0].workload
+    if workloads and workload not in workloads:
+        return []
+    good = {r.engine: run_summary(r, slos.get(workload) or Slo()).goodput for r in at}
+    present = {r.engine for r in closed} | set(good)
+    name, what = goodput_check_name(rate, capacity), f"goodput at {rate:g} req/s Poisson"
+    return [min_ratio_check(new, ref, workload, name, good.get(new), good.get(ref), thresholds[ref].goodput_ratio,
+                            what) for new, ref in PAIRS if new in present and ref in present and ref in thresholds]
+
+
 def class_verdict(name: str, runs: Sequence[RunResult], overload_runs: Sequence[RunResult], lanes: int, at_n: int,
                   thresholds: Mapping[str, Thresholds], scale: SloScale,
-                  slo_override: Slo | None = None, workloads: Sequence[str] | None = None) -> ClassVerdict:
+                  slo_override: Slo | None = None, workloads: Sequence[str] | None = None,
+                  goodput_runs: Sequence[RunResult] = (), capacity: float | None = None) -> ClassVerdict:
     """The gate's checks on every closed-loop workload at `at_n` under the scaled SLO (or
-    `slo_override`), and each engine's overload counts."""
-    names = list(dict.fromkeys(r.workload for r in runs if r.load.kind == "closed"))
+    `slo_override`), goodput from the Poisson runs where there are any, and each engine's
+    overload counts."""
+    names = list(dict.fromkeys([r.workload for r in runs if r.load.kind == "closed"]
+                               + [r.workload for r in goodput_runs]))
     slos = {w: slo_override or scaled_slo(runs, w, scale) for w in names}
     checks = gate(class_summaries(runs, slos), at_n, thresholds, workloads)
-    return ClassVerdict(name, at_n, tuple(checks), tuple(overload_counts(r, lanes) for r in overload_runs), slos)
+    goodput_name = f"goodput@N={at_n}"
+    if (rate := top_rate(goodput_runs)) is not None:
+        checks = [c for c in checks if c.name != goodput_name]
+        checks += poisson_goodput_checks(runs, goodput_runs, slos, thresholds, capacity, workloads)
+        goodput_name = goodput_check_name(rate, capacity)
+    return ClassVerdict(name, at_n, tuple(checks), tuple(overload_counts(r, lanes) for r in overload_runs), slos,
+                        goodput_name)
 
 
 def ratio(checks: Sequence[Check], engine: str, reference: str, name: str) -> float | None:

@@ -4,8 +4,10 @@ summary's rows, on hand-made records (no server)."""
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
+import attrs
 import pytest
 
 from bench.gate.cli import _parser
@@ -17,10 +19,13 @@ from bench.gate.matrix import (
     auto_n_ctx,
     load_matrix,
     overload_options,
+    run_matrix,
 )
 from bench.gate.matrix_cli import matrix_options
+from bench.gate.matrix_goodput import GoodputPlan, capacity, goodput_options, goodput_plan, goodput_rates
 from bench.gate.matrix_report import check_text, verdicts, write_matrix_report
 from bench.gate.metrics import Slo
+from bench.gate.model import ModelSpec
 from bench.gate.records import Load, RequestRecord, RunResult
 from bench.gate.report import write_results
 from bench.gate.verdict import SloScale, class_verdict, overload_counts, scaled_slo
@@ -149,3 +154,112 @@ def test_kv_bytes_per_session_and_rejections_from_metrics():
     assert s.kv_bytes_per_cell == {"attn": 1024.0, "recurrent": 4096.0} and s.rejections == 3.0
     cells = {"attn": {"mean": 10.0, "max": 12.0}, "recurrent": {"mean": 1.0}, "swa": {"mean": None}}
     assert kv_bytes_per_session(cells, s.kv_bytes_per_cell) == {"attn": 10240.0, "recurrent": 4096.0}
+
+
+# goodput: open-loop Poisson at fractions of each class's capacity (bench/gate/matrix_goodput.py)
+
+def poisson(engine: str, rate: float, ttft: float, count: int = 4) -> RunResult:
+    """`count` requests in 1 s at `rate` req/s; each within the scaled SLO of _class_runs unless ttft > 1 s."""
+    return RunResult(engine, "chat", Load.poisson(rate), 1.0, [rec(i, ttft, 0.01) for i in range(count)], {})
+
+
+def test_capacity_is_the_median_closed_loop_req_s_but_single_lane():
+    runs = [run("skippy", 4, 0.1, 0.01, duration=1.0), run("llama-server", 4, 0.1, 0.01, duration=2.0),
+            run("llama-server-stock", 4, 0.1, 0.01, duration=0.5), run("single-lane", 4, 0.1, 0.01, duration=0.1),
+            run("skippy", 1, 0.1, 0.01, duration=0.01), run("skippy", 4, 0.1, 0.01, workload="gen", duration=0.01)]
+    assert capacity(runs, "chat", 4) == pytest.approx(4.0)  # 4, 2 and 8 req/s; single-lane, N=1 and gen left out
+    plan = goodput_plan(runs, "chat", 4, (0.5, 0.8, 1.0))
+    assert plan is not None and plan.rates == (2.0, 3.2, 4.0) and plan.capacity == pytest.approx(4.0)
+    assert GoodputPlan.from_json(json.loads(json.dumps(plan.to_json()))) == plan
+    assert goodput_rates(1 / 3, (1.0,)) == (0.3333,)  # 4 significant digits
+    assert goodput_plan(runs, "chat", 32, (1.0,)) is None  # no closed-loop run at N* to measure
+
+
+def test_goodput_options_run_every_engine_on_chat_at_the_rates():
+    argv = ["matrix", "--quick", "--classes", "dense", "--engines", "skippy", "single-lane", "llama-server",
+            "--out-dir", "/tmp/x"]
+    opts = matrix_options(_parser().parse_args(argv))
+    assert opts.goodput == (1.0,) and not opts.goodput_only  # quick: one rate, at capacity
+    good = goodput_options(opts.sweeps["dense"], (1.5, 3.0))
+    assert good.engines == ("skippy", "single-lane", "llama-server") and [w.name for w in good.workloads] == ["chat"]
+    assert good.loads == [Load.poisson(1.5), Load.poisson(3.0)] and good.slots is None and not good.batched_bench
+    assert good.out == Path("/tmp/x/matrix-quick/dense/goodput")
+    assert matrix_options(_parser().parse_args(argv + ["--goodput-fractions", "0.5", "1"])).goodput == (0.5, 1.0)
+    assert matrix_options(_parser().parse_args(argv + ["--no-goodput"])).goodput == ()
+    with pytest.raises(SystemExit):
+        _parser().parse_args(argv + ["--no-goodput", "--goodput-only"])
+
+
+def test_poisson_goodput_at_the_highest_rate_replaces_the_closed_loop_check():
+    def verdict(good: list[RunResult], cap: float | None = 2.0):
+        return class_verdict("dense", _class_runs(3.0), [run("skippy", 8, 0.1, 0.01)], 2, 4, DEFAULTS, SloScale(),
+                             goodput_runs=good, capacity=cap)
+
+    refs = [poisson(e, r, 0.1) for e in ("single-lane", "llama-server") for r in (1.0, 2.0)]
+    good = verdict([poisson("skippy", 1.0, 5.0), poisson("skippy", 2.0, 0.1)] + refs)  # only 2 req/s counts
+    names = {c.name for c in good.checks}
+    assert good.passed and good.goodput_name == "goodput@1x capacity" and "goodput@N=4" not in names
+    assert [(c.reference, c.new, c.ref) for c in good.checks if c.name == good.goodput_name] == [
+        ("single-lane", 4.0, 4.0), ("llama-server", 4.0, 4.0)]
+    slow = verdict([poisson("skippy", 1.0, 0.1), poisson("skippy", 2.0, 5.0)] + refs)  # TTFT past the 1 s SLO
+    assert not slow.passed and {c.reference for c in slow.checks if not c.passed} == {"single-lane", "llama-server"}
+    zero = verdict([poisson(e, 2.0, 5.0) for e in ("skippy", "single-lane", "llama-server")])
+    assert zero.passed  # 0 against 0 passes, as the closed-loop ratio checks do
+    missing = verdict([poisson("single-lane", 2.0, 0.1), poisson("llama-server", 2.0, 0.1)])
+    assert not missing.passed  # skippy never ran at the top rate: absent evidence fails
+    assert verdict([poisson("skippy", 2.0, 0.1)], cap=None).goodput_name == "goodput@2 req/s"
+    closed = verdict([])
+    assert closed.goodput_name == "goodput@N=4" and "goodput@N=4" in {c.name for c in closed.checks}
+
+
+def _matrix_dir(path: Path, model: str) -> None:
+    """An earlier matrix: dense measured (closed loop and overload), the other classes never ran."""
+    entry = {"about": "a", "at_n": 4, "model": model, "model_bytes": 1, "concurrency": [1, 4], "n_ctx": 1024,
+             "wall_s": 12.0, "command": ["earlier"]}
+    meta = {"classes": [{**entry, "name": n, "dir": n} for n in CLASS_NAMES], "created": "then",
+            "command": ["earlier"], "git_commit": None, "host": {"node": "h", "cpus": 2}, "quick": True,
+            "engines": ["skippy", "single-lane", "llama-server"], "fixed_slo": {"ttft_ms": 2000.0, "tpot_ms": 200.0},
+            "slo_scale": {"ttft_x": 10.0, "tpot_x": 5.0}, "overload": {"n": 8, "lanes": 2, "waiting": 2}}
+    (path / MATRIX_JSON).write_text(json.dumps({"meta": meta, "complete": True}))
+    swept = {"engines": ["skippy", "single-lane", "llama-server"], "server": {"n_ctx": 2048, "threads": 1},
+             "workloads": [attrs.asdict(make_workload("chat"))], "model": {"path": f"/models/{model}"}}
+    for sub, runs in (("", _class_runs(3.0)), ("overload", [run("skippy", 8, 0.1, 0.01)])):
+        (path / "dense" / sub).mkdir(parents=True, exist_ok=True)
+        write_results(path / "dense" / sub, {"meta": swept}, runs, Slo(), final=False)
+
+
+async def test_goodput_only_adds_goodput_and_keeps_the_earlier_matrix(tmp_path: Path, monkeypatch):
+    from bench.gate import matrix, matrix_goodput
+
+    out = tmp_path / "m"
+    out.mkdir()
+    _matrix_dir(out, ModelSpec.resolve(None, "llama").path.name)
+    ran = []
+
+    async def fake_sweep(opts):  # every engine within the SLO at every rate
+        ran.append(opts)
+        opts.out.mkdir(parents=True)
+        runs = [poisson(e, r, 0.1) for r in opts.rates for e in opts.engines]
+        write_results(opts.out, {"meta": {}}, runs, Slo(), final=False)
+
+    monkeypatch.setattr(matrix_goodput, "run_sweep", fake_sweep)
+    monkeypatch.setattr(matrix, "run_sweep", None)  # the closed loop and overload must not rerun
+    argv = ["matrix", "--quick", "--out-dir", str(tmp_path), "--name", "m", "--classes", "dense", "--goodput-only",
+            "--goodput-fractions", "0.5", "1"]
+    monkeypatch.setattr(sys, "argv", ["python", *argv])  # the command recorded in matrix.json
+    opts = matrix_options(_parser().parse_args(argv))
+    assert opts.sweeps["dense"].engines == ("skippy", "single-lane", "llama-server")  # as the closed loop ran
+    assert (opts.sweeps["dense"].server.n_ctx, opts.sweeps["dense"].server.threads) == (2048, 1)
+    await run_matrix(opts)
+    assert [o.rates for o in ran] == [(4.0, 8.0)]  # capacity: the median of 12 (skippy) and 4 (llama-server) req/s
+    data = json.loads((out / MATRIX_JSON).read_text())
+    dense = data["meta"]["classes"][0]
+    assert (dense["wall_s"], dense["command"], data["meta"]["created"], data["complete"]) == (12.0, ["earlier"],
+                                                                                            "then", True)
+    assert dense["goodput"]["fractions"] == [0.5, 1.0] and "--goodput-only" in dense["goodput"]["command"]
+    assert [c["name"] for c in data["meta"]["classes"]] == list(CLASS_NAMES)
+    summary = (out / "summary.md").read_text()
+    assert "## Goodput" in summary and "(dense/goodput/summary.md)" in summary
+    assert "goodput@1x capacity" in check_text(verdicts(*load_matrix(out)))
+    with pytest.raises(SystemExit):  # mla never measured its closed loop
+        matrix_options(_parser().parse_args(argv[:-5] + ["mla", "--goodput-only"]))

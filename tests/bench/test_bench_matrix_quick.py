@@ -1,6 +1,6 @@
 """The matrix end to end so the harness cannot rot: `python -m bench.gate matrix --quick` runs
 skippy and llama-server on every class's tiny synthetic model (real servers, real HTTP, the
-three workloads, an overload run), writes one verdict row per class; `check` then prints a
+three workloads, an overload run, a goodput run), writes one verdict row per class; `check` then prints a
 verdict per class and `report` redraws the summary."""
 
 from __future__ import annotations
@@ -68,7 +68,10 @@ async def test_quick_matrix_has_a_verdict_per_class(matrix_results: Path):
         errors = [q["error"] for q in skippy["requests"] if not q["warmup"]]
         assert len(errors) == 8 and all(e is None or e.startswith("HTTP 429") for e in errors), errors
         assert (matrix_results / name / "chat-closed.png").read_bytes().startswith(b"\x89PNG")
-    assert "TTFT ≤ 10 × and TPOT ≤ 5 ×" in summary and "## Overload" in summary
+        good = json.loads((matrix_results / name / "goodput" / "results.json").read_text())["runs"]
+        assert {(r["engine"], r["workload"], r["load"]["kind"]) for r in good} == {
+            (e, "chat", "poisson") for e in ("skippy", "llama-server")}  # quick: one rate, at capacity
+    assert "TTFT ≤ 10 × and TPOT ≤ 5 ×" in summary and "## Overload" in summary and "## Goodput" in summary
 
     ok = await bench("check", str(matrix_results), *LENIENT, budget=60)
     out = ok.stdout.decode()
