@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import attrs
 import numpy as np
 import pytest
 
@@ -334,3 +335,15 @@ async def test_a_request_cancelled_on_its_way_back_to_the_queue_still_finishes_o
     assert event.final and event.finish_reason == "cancelled"
     actor.ask(Admit(Headroom.of(ledger(attn_free=100), [], 2)))
     assert admission.cancelled == 1  # once
+
+
+def test_without_a_memory_budget_a_small_hybrids_states_do_not_cap_the_pools_ceiling():
+    """Falcon-H1-0.5B's dims (12.3 MiB of state a sequence) over a 12288-cell pool: the pool's own
+    ceiling decides, as llama-server -np 48 would run 48; a state 8x larger is capped by the states."""
+    small = MemoryCosts(attn_bytes_per_cell=8192.0, recurrent_bytes_per_seq=12.3 * 2**20)
+    plan = plan_lanes(KvClass.SSM_HYBRID, n_ctx=12288, n_batch=512, costs=small, reserved=8, prefix_fraction=0.5)
+    assert plan.ceiling == (12288 - 6144) // 128 and "n_ctx" in plan.reason
+    assert plan.bytes[ComponentKind.RECURRENT] == int(12.3 * 2**20 * (plan.ceiling + 8))
+    big = attrs.evolve(small, recurrent_bytes_per_seq=8 * 12.3 * 2**20)
+    capped = plan_lanes(KvClass.SSM_HYBRID, n_ctx=12288, n_batch=512, costs=big, reserved=8, prefix_fraction=0.5)
+    assert capped.ceiling < plan.ceiling and "state budget" in capped.reason
