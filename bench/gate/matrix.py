@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 import attrs
 
 from .engines import FAST, NEW, OLD, PEER, STOCK
-from .matrix_goodput import goodput_workload, load_goodput, run_goodput
+from .matrix_goodput import chat_workload, load_goodput, run_goodput
 from .model import ModelSpec
 from .records import RunResult
 from .report import load_results
@@ -100,7 +100,7 @@ def overload_options(sweep: SweepOptions, plan: OverloadPlan) -> SweepOptions:
         "--n-seq-max", str(plan.lanes), "--max-waiting", str(plan.waiting)))
     return attrs.evolve(sweep, out=sweep.out / OVERLOAD_DIR, server=server,
                         engines=tuple(e for e in sweep.engines if e in OVERLOAD_ENGINES),
-                        workloads=goodput_workload(sweep.workloads), concurrency=(plan.n,), rates=(), slots=plan.lanes,
+                        workloads=chat_workload(sweep.workloads), concurrency=(plan.n,), rates=(), slots=plan.lanes,
                         batched_bench=False)
 
 

@@ -53,8 +53,8 @@ class GoodputPlan:
         return cls(data["workload"], data["at_n"], data["capacity"], data["fractions"], data["rates"])
 
 
-def goodput_workload(workloads: Sequence[Workload]) -> tuple[Workload, ...]:
-    """Chat alone (as the overload run), else the first workload."""
+def chat_workload(workloads: Sequence[Workload]) -> tuple[Workload, ...]:
+    """Chat alone, else the first workload: what the overload and goodput runs load."""
     return tuple(w for w in workloads if w.name == "chat") or tuple(workloads[:1])
 
 
@@ -81,7 +81,7 @@ def goodput_plan(runs: Sequence[RunResult], workload: str, at_n: int, fractions:
 def goodput_options(sweep: SweepOptions, rates: Sequence[float]) -> SweepOptions:
     """The class's sweep turned into its goodput run: every engine, chat only, Poisson at `rates`
     (llama-server at `-np open_slots`), no closed loop."""
-    return attrs.evolve(sweep, out=sweep.out / GOODPUT_DIR, workloads=goodput_workload(sweep.workloads),
+    return attrs.evolve(sweep, out=sweep.out / GOODPUT_DIR, workloads=chat_workload(sweep.workloads),
                         concurrency=(), rates=tuple(rates), slots=None, batched_bench=False)
 
 
@@ -95,7 +95,7 @@ async def run_goodput(sweep: SweepOptions, entry: dict[str, Any], fractions: Seq
     """Capacity from the class's closed-loop results.json, then the Poisson run; the plan goes
     into `entry` (saved before the run, so an interrupted one still says what it was doing)."""
     started = time.monotonic()
-    workload = goodput_workload(sweep.workloads)[0].name
+    workload = chat_workload(sweep.workloads)[0].name
     plan = goodput_plan(load_results(sweep.out)[1], workload, at_n, fractions)
     if plan is None:
         print(f"bench: {sweep.out.name}: no closed-loop {workload} run at N={at_n}: goodput not run", file=sys.stderr)
