@@ -2,11 +2,13 @@
 KV vs split (one stream per sequence), through llama-batched-bench, side by side in one run.
 
 B sequences prefill `--npp` tokens and decode `--ntg` each, flash attention on, the same model
-and threads for every configuration. The four configurations of a model run back to back and
-alternate build and KV mode, so machine drift touches them alike. Writes results.json,
-summary.md (the table and the ratios issue #10 asks for) and decode.png.
+and threads for every configuration. With `--rounds R` every configuration runs R times, the
+configurations interleaved and their order rotated each round: this box drifts by 20-30% over
+minutes (one configuration once ran 25% slow for its whole segment), so a table is the median
+over rounds and each ratio the median of its per-round ratios. Writes results.json, summary.md
+(the table and the ratios issues #10 and #17 ask for) and decode.png.
 
-    python bench/attention_pool.py [--models smollm2 gemma3] [--batches 1 8 32 64]
+    python bench/attention_pool.py [--models smollm2 gemma3] [--batches 1 8 32 64] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import statistics
 import subprocess
 import sys
 import time
@@ -29,25 +32,26 @@ BUILDS = ("stock", "patched")
 MODES = ("unified", "split")
 
 
-def argv(tool: Path, model: Path, mode: str, batches: Sequence[int], npp: int, ntg: int, threads: int) -> list[str]:
+def argv(tool: Path, model: Path, mode: str, batches: Sequence[int], npp: int, ntg: int, threads: int,
+         n_ctx: int | None = None) -> list[str]:
     # room for every sequence of the largest batch; split mode gives each stream n_ctx / max(B)
-    n_ctx = max(batches) * (npp + ntg + 64)
-    # llama.cpp's logger drops lines queued at exit: a last sacrificial run of the smallest batch
+    n_ctx = n_ctx or max(batches) * (npp + ntg + 64)
+    # llama.cpp's logger drops lines queued at exit: a last sacrificial run of one sequence
     # keeps the process alive while the real lines are written (see bench/gate/batched.py)
-    plan = [*batches, min(batches)]
+    plan = [*batches, 1]
     return [str(tool), "-m", str(model), "-c", str(n_ctx), "-b", "2048", "-ub", "512", "-t", str(threads),
             "-tb", str(threads), "-fa", "on", "-kvu" if mode == "unified" else "-no-kvu",
             "-npp", str(npp), "-ntg", str(ntg), "-npl", ",".join(map(str, plan)), "--output-format", "jsonl"]
 
 
 def run_config(tool: Path, model: Path, mode: str, batches: Sequence[int], npp: int, ntg: int, threads: int,
-               log: Path, attempts: int = 3) -> dict[int, dict[str, Any]]:
+               log: Path, attempts: int = 3, n_ctx: int | None = None) -> dict[int, dict[str, Any]]:
     """Rows by batch size; sizes whose line was lost are run again."""
     rows: dict[int, dict[str, Any]] = {}
     missing = list(batches)
     with open(log, "a") as fh:
         for _ in range(attempts):
-            cmd = argv(tool, model, mode, missing, npp, ntg, threads)
+            cmd = argv(tool, model, mode, missing, npp, ntg, threads, n_ctx)
             fh.write("$ " + " ".join(cmd) + "\n")
             done = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL,
                                   env={"LD_LIBRARY_PATH": str(tool.parent), "PATH": "/usr/bin:/bin"})
@@ -70,6 +74,8 @@ def main() -> None:
     parser.add_argument("--npp", type=int, default=128)
     parser.add_argument("--ntg", type=int, default=64)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--builds", nargs="+", default=list(BUILDS), choices=BUILDS)
     parser.add_argument("--out", type=Path, default=Path("bench/results/attention-pool"))
     parser.add_argument("--render-only", action="store_true", help="rewrite summary and plot from results.json")
     args = parser.parse_args()
@@ -78,28 +84,32 @@ def main() -> None:
         render(saved["rows"], saved["meta"], args.out)
         return
 
-    tools = {"stock": ensure_stock_tools().tool("llama-batched-bench"),
-             "patched": ensure_built(tools=True).tool("llama-batched-bench")}
+    tools = {"patched": ensure_built(tools=True).tool("llama-batched-bench")}
+    if "stock" in args.builds:
+        tools["stock"] = ensure_stock_tools().tool("llama-batched-bench")
     args.out.mkdir(parents=True, exist_ok=True)
     log = args.out / "batched-bench.log"
     log.write_text("")
     rows = []
     started = time.time()
+    configs = [(mode, build) for mode in MODES for build in args.builds]
     for name in args.models:
         model = real_model(name)
-        for mode in MODES:
-            for build in BUILDS:
-                print(f"{name} {build} {mode} ...", flush=True)
-                for b, r in sorted(run_config(tools[build], model, mode, args.batches, args.npp, args.ntg,
-                                              args.threads, log).items()):
-                    rows.append({"model": name, "build": build, "mode": mode, "B": b,
+        for k in range(args.rounds):
+            for b in args.batches:  # one batch size per process: each pair is measured seconds apart
+                for mode, build in configs[k % len(configs):] + configs[:k % len(configs)]:
+                    print(f"{name} round {k} B={b} {build} {mode} ...", flush=True)
+                    r = run_config(tools[build], model, mode, [b], args.npp, args.ntg, args.threads, log,
+                                   n_ctx=max(args.batches) * (args.npp + args.ntg + 64))[b]
+                    rows.append({"model": name, "build": build, "mode": mode, "B": b, "round": k,
                                  "pp_tok_s": float(r["speed_pp"]), "tg_tok_s": float(r["speed_tg"]),
                                  "t_tg_s": float(r["t_tg"]), "t_pp_s": float(r["t_pp"])})
                     print(json.dumps(rows[-1]), flush=True)
     command = "python bench/attention_pool.py " + " ".join(
         [f"--models {' '.join(args.models)}", f"--batches {' '.join(map(str, args.batches))}",
-         f"--npp {args.npp}", f"--ntg {args.ntg}", f"--threads {args.threads}"])
-    meta = {"command": command, "npp": args.npp, "ntg": args.ntg, "threads": args.threads,
+         f"--npp {args.npp}", f"--ntg {args.ntg}", f"--threads {args.threads}", f"--rounds {args.rounds}",
+         f"--builds {' '.join(args.builds)}"])
+    meta = {"command": command, "npp": args.npp, "ntg": args.ntg, "threads": args.threads, "rounds": args.rounds,
             "machine": platform.processor() or platform.machine(), "cpu_flags": _cpu_flags(),
             "wall_s": round(time.time() - started, 1)}
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
@@ -115,39 +125,45 @@ def _cpu_flags() -> list[str]:
     return sorted(f for f in flags if f.startswith(("avx", "fma", "f16c")))
 
 
-def _get(rows: list[dict], **key: Any) -> dict:
-    return next(r for r in rows if all(r[k] == v for k, v in key.items()))
+def _median(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def _tg(rows: list[dict], **key: Any) -> dict[int, float]:
+    """Decode tok/s by round for one configuration."""
+    return {r.get("round", 0): r["tg_tok_s"] for r in rows if all(r[k] == v for k, v in key.items())}
 
 
 def render(rows: list[dict], meta: dict, out: Path) -> None:
+    rounds = meta.get("rounds", 1)
+    builds = [b for b in BUILDS if any(r["build"] == b for r in rows)]
+    cols = [(bu, m) for bu in builds for m in reversed(MODES)]
     lines = [
-        f"# Attention over one shared pool: stock vs patched, unified vs split (PP {meta['npp']}, "
+        f"# Attention over one shared pool: {' vs '.join(builds)}, unified vs split (PP {meta['npp']}, "
         f"TG {meta['ntg']}, {meta['threads']} threads, flash attention on)",
         "", f"Command: `{meta['command']}`  ", f"CPU flags: {' '.join(meta['cpu_flags'])}", "",
-        "Decode tok/s (S_TG) and prompt tok/s (S_PP) from llama-batched-bench, all in one run.", "",
-        "| model | B | stock split | stock unified | patched split | patched unified | patched unified / patched split "
-        "| patched unified / stock split | patched unified / stock unified | PP stock unified | PP patched unified |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"Decode tok/s (S_TG) from llama-batched-bench, median of {rounds} interleaved round(s); a ratio is the "
+        "median of its per-round ratios (both sides measured minutes apart at most).", "",
+        "| model | B | " + " | ".join(f"{bu} {m}" for bu, m in cols) + " | patched unified / patched split "
+        "(per round) | patched unified / stock split |",
+        "|---|---|" + "---|" * len(cols) + "---|---|",
     ]
     goal = []
     for model in dict.fromkeys(r["model"] for r in rows):
         for b in sorted({r["B"] for r in rows if r["model"] == model}):
-            tg = {(bu, m): _get(rows, model=model, B=b, build=bu, mode=m)["tg_tok_s"] for bu in BUILDS for m in MODES}
-            pp = {bu: _get(rows, model=model, B=b, build=bu, mode="unified")["pp_tok_s"] for bu in BUILDS}
-            vs_split = tg["patched", "unified"] / tg["patched", "split"]
-            vs_stock_split = tg["patched", "unified"] / tg["stock", "split"]
-            lines.append(
-                f"| {model} | {b} | {tg['stock', 'split']:.1f} | {tg['stock', 'unified']:.1f} | {tg['patched', 'split']:.1f} "
-                f"| {tg['patched', 'unified']:.1f} | {vs_split:.2f} | {vs_stock_split:.2f} "
-                f"| {tg['patched', 'unified'] / tg['stock', 'unified']:.2f} | {pp['stock']:.1f} | {pp['patched']:.1f} |")
+            tg = {c: _tg(rows, model=model, B=b, build=c[0], mode=c[1]) for c in cols}
+            uni, split = tg[("patched", "unified")], tg[("patched", "split")]
+            per_round = [uni[k] / split[k] for k in sorted(uni) if k in split]
+            vs_split = _median(per_round)
+            stock = tg.get(("stock", "split"), {})
+            vs_stock = _median([uni[k] / stock[k] for k in sorted(uni) if k in stock])
+            lines.append(f"| {model} | {b} | " + " | ".join(f"{_median(list(tg[c].values())):.1f}" for c in cols)
+                         + f" | {vs_split:.2f} ({' '.join(f'{x:.2f}' for x in per_round)}) | {vs_stock:.2f} |")
             if b in (32, 64):
-                goal.append((model, b, vs_split, vs_stock_split))
-    lines += ["", "Goal (issue #10): patched unified decode >= 95% of patched split at B=32 and B=64, and above "
-              "stock split.", ""]
-    for model, b, vs_split, vs_stock_split in goal:
-        met = vs_split >= 0.95 and vs_stock_split > 1.0
-        lines.append(f"- {model} B={b}: unified/split {vs_split:.2f}, unified/stock split {vs_stock_split:.2f}: "
-                     f"{'met' if met else 'NOT met'}")
+                goal.append((model, b, vs_split))
+    lines += ["", "Goal (issue #17): patched unified decode >= 0.97x patched split at B=32 and B=64.", ""]
+    for model, b, vs_split in goal:
+        lines.append(f"- {model} B={b}: unified/split {vs_split:.2f}: {'met' if vs_split >= 0.97 else 'NOT met'}")
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     _plot(rows, out / "decode.png")
     print("\n".join(lines))
@@ -162,10 +178,11 @@ def _plot(rows: list[dict], path: Path) -> None:
     models = list(dict.fromkeys(r["model"] for r in rows))
     fig, axes = plt.subplots(1, len(models), figsize=(6 * len(models), 4), squeeze=False)
     for ax, model in zip(axes[0], models):
-        for build in BUILDS:
+        for build in [b for b in BUILDS if any(r["build"] == b for r in rows)]:
             for mode in MODES:
-                pts = sorted((r["B"], r["tg_tok_s"]) for r in rows
-                             if r["model"] == model and r["build"] == build and r["mode"] == mode)
+                sizes = sorted({r["B"] for r in rows if r["model"] == model})
+                pts = [(b, _median(list(_tg(rows, model=model, B=b, build=build, mode=mode).values())))
+                       for b in sizes]
                 ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
                         linestyle="-" if build == "patched" else "--", label=f"{build} {mode}")
         ax.set_xscale("log", base=2)
