@@ -10,6 +10,8 @@ from numpy.typing import ArrayLike
 from ..errors import InvalidBatchError
 from . import _lib
 
+_INT32 = np.iinfo(np.int32)
+
 
 class Batch:
     """Token inputs for one llama_decode. Arrays are owned here; C sees pointers into them."""
@@ -52,8 +54,8 @@ class Batch:
         if not np.issubdtype(tok.dtype, np.integer):
             raise InvalidBatchError(f"tokens must be integers, got {tok.dtype}")
         for name, arr in (("tokens", tok), ("positions", pos), ("seq_ids", seq)):
-            if arr.size and (arr.min() < np.iinfo(np.int32).min or arr.max() > np.iinfo(np.int32).max):
-                raise InvalidBatchError(f"{name} do not fit in int32")
+            if arr.dtype != np.int32 and arr.size and (arr.min() < _INT32.min or arr.max() > _INT32.max):
+                raise InvalidBatchError(f"{name} do not fit in int32")  # (int32 arrays, the engine's, always fit)
         self.tokens[:n] = tok
         self.positions[:n] = pos
         self.seq_ids[:n] = seq
