@@ -143,7 +143,7 @@ def render(rows: list[dict], meta: dict, out: Path) -> None:
         f"TG {meta['ntg']}, {meta['threads']} threads, flash attention on)",
         "", f"Command: `{meta['command']}`  ", f"CPU flags: {' '.join(meta['cpu_flags'])}", "",
         f"Decode tok/s (S_TG) from llama-batched-bench, median of {rounds} interleaved round(s); a ratio is the "
-        "median of its per-round ratios (both sides measured minutes apart at most).", "",
+        "median of its per-round ratios (each pair measured back to back).", "",
         "| model | B | " + " | ".join(f"{bu} {m}" for bu, m in cols) + " | patched unified / patched split "
         "(per round) | patched unified / stock split |",
         "|---|---|" + "---|" * len(cols) + "---|---|",

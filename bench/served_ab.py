@@ -15,12 +15,10 @@ from __future__ import annotations
 import argparse
 import json
 import re
-import statistics
+import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
-
-import sys
 
 import attrs
 import httpx
@@ -29,15 +27,12 @@ import trio
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.gate.client import completion_body, stream_completion
+from bench.gate.metrics import tpot
 from bench.gate.engines import ENGINES, ServerConfig, server_argv, tools_for
 from bench.gate.model import ModelSpec, read_vocab
 from bench.gate.procs import free_port, running_server
 from bench.gate.runner import scrape
 from bench.gate.workloads import Workload, make_prompts
-
-
-def _tpot(rec) -> float | None:
-    return statistics.median(rec.itl) if rec.itl else None
 
 
 def summarise(records: dict[str, list], base: str) -> list[str]:
@@ -47,7 +42,7 @@ def summarise(records: dict[str, list], base: str) -> list[str]:
     for eng, recs in records.items():
         ttft = [r.ttft * 1e3 for r in recs]
         e2e = [r.e2e * 1e3 for r in recs]
-        tp = [t * 1e3 for t in (_tpot(r) for r in recs) if t is not None]
+        tp = [t * 1e3 for t in (tpot(r) for r in recs) if t is not None]
         d_ttft = [(a.ttft - b.ttft) * 1e3 for a, b in zip(recs, records[base])]
         d_e2e = [(a.e2e - b.e2e) * 1e3 for a, b in zip(recs, records[base])]
         lines.append(f"| {eng} | {np.median(ttft):.1f} | {np.mean(ttft):.1f} | "
