@@ -9,7 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from skippy.scheduling import Composer, Request, RequestState
-from skippy.scheduling.budget import DEFAULT_STALL_FACTOR, MIN_SAMPLES, StepCostModel, TokenBudget
+from skippy.scheduling.budget import (
+    BURST_STALL_SHARE, DEFAULT_STALL_FACTOR, FULL_STEP_SHARE, MIN_SAMPLES, StepCostModel, TokenBudget,
+)
 
 
 def fed(budget: TokenBudget, fixed: float, per_token: float, sizes=(1, 4, 8, 16, 32, 64, 128, 256)) -> TokenBudget:
@@ -122,3 +124,33 @@ def test_a_burst_of_prompts_waiting_for_their_first_token_lifts_the_budget():
     c2 = Composer(256, budget)
     c2.add([request(i, 4, 4, generated=[9]) for i in range(3)] + [request(20, 100, 0)])  # steady: budgeted
     assert c2.compose().n_prefill == budget.prefill_tokens(3)
+
+
+def test_a_burst_stops_once_its_stalls_reach_their_share_of_the_tokens_left():
+    budget = fed(TokenBudget(256, target_s=0.010, min_prefill=8), fixed=0.002, per_token=0.0002)
+    c = Composer(256, budget)
+    decoders = [request(i, 4, 4, generated=[9]) for i in range(3)]
+    prompts = [request(10 + i, 100, 0) for i in range(7)]  # 7 prompts vs 3 streams: a burst
+    c.add(decoders + prompts)
+    left = sum(r.remaining for r in c.running)  # 10 x 64 - 3 = 637: 1% allows 6.37 stalled decodes
+    assert BURST_STALL_SHARE * left < 9
+    stalls = []
+    for _ in range(3):
+        plan = c.compose()
+        stalls.append(plan.n_prefill == 256 - plan.n_decode)  # a full batch: every stream waits for it
+    assert stalls == [True, True, False]  # 3 + 3 stalls fit in 6.37; a third burst step would make 9
+    assert c.compose().n_prefill == budget.prefill_tokens(3)  # bounded by the budget again
+    for r in prompts:  # the burst ends (no more prompts than streams): the next one starts afresh
+        r.cached = r.n_tokens - 1
+    c.compose()
+    assert c.burst_stalls == 0
+
+
+def test_without_a_target_many_streams_cap_a_mixed_step_at_a_share_of_a_full_batch_step():
+    b = fed(TokenBudget(512, min_prefill=4), fixed=0.005, per_token=0.0005)
+    full = 0.005 + 0.0005 * 512  # 261 ms
+    # 200 decodes: four decode-only steps (420 ms) would be past the cap (78.3 ms) -> (78.3 - 5) / 0.5 - 200 < 0
+    assert DEFAULT_STALL_FACTOR * (0.005 + 0.0005 * 200) > FULL_STEP_SHARE * full
+    assert b.prefill_tokens(200) == 4  # the floor: prompts still move
+    # 100 decodes: min(4 x 55 ms, 78.3 ms) -> (78.3 - 5) / 0.5 - 100 = 46
+    assert b.prefill_tokens(100) == math.floor((FULL_STEP_SHARE * full - 0.005) / 0.0005 + 1e-6) - 100 == 46

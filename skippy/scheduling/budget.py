@@ -18,7 +18,16 @@ from collections import deque
 import attrs
 
 DEFAULT_STALL_FACTOR = 4.0  # with no target: a mixed step may cost up to this many decode-only steps
+# ... and at most this share of a full n_batch step. Many streams make the decode-only step long (at
+# B=32 on SmolLM2 4x of it is 0.76 s, already half a full prefill step): the cap keeps a mixed step's
+# stall a fraction of the one a server that fills n_batch with prefill imposes (llama-server's ITL p99
+# is 1.3-1.5 full steps), measured in bench/results/itl-stall-share.
+FULL_STEP_SHARE = 0.3
 MIN_SAMPLES = 8  # steps of distinct sizes seen before the fit is trusted
+# A burst of arrivals may fill n_batch with prefill while streams decode (composer._burst), so each
+# such step stalls every decoding stream past any target. Those stalls are the tail of the inter-token
+# gaps: a burst stops once it has stalled this share of the tokens its running set has left to make.
+BURST_STALL_SHARE = 0.01
 
 
 @attrs.define
@@ -80,8 +89,9 @@ class TokenBudget:
     """How many prefill tokens a step with `n_decode` decode tokens may take.
 
     `target_s`: the step time a mixed step should stay within (a TPOT target); None derives it
-    as DEFAULT_STALL_FACTOR x the cost of the decode-only step. `target_s = inf` turns the
-    budget off (every step may fill n_batch, as before)."""
+    as DEFAULT_STALL_FACTOR x the cost of the decode-only step, capped at FULL_STEP_SHARE x the
+    cost of a full n_batch step. `target_s = inf` turns the budget off (every step may fill
+    n_batch, as before)."""
 
     n_batch: int
     target_s: float | None = None
@@ -99,6 +109,10 @@ class TokenBudget:
         if fit is None:
             return room  # nothing measured yet: the first steps run as before
         fixed, per_token = fit
-        target = self.target_s if self.target_s is not None else DEFAULT_STALL_FACTOR * (fixed + per_token * n_decode)
+        if self.target_s is not None:
+            target = self.target_s
+        else:
+            target = min(DEFAULT_STALL_FACTOR * (fixed + per_token * n_decode),
+                         FULL_STEP_SHARE * (fixed + per_token * self.n_batch))
         allowed = math.floor((target - fixed) / per_token + 1e-6) - n_decode
         return min(room, max(self.min_prefill, allowed))

@@ -13,7 +13,7 @@ import attrs
 import numpy as np
 
 from ..errors import SkippyError
-from .budget import TokenBudget
+from .budget import BURST_STALL_SHARE, TokenBudget
 from .logprobs import LogitRows, RowLogprobs, plan_rows
 from .requests import FinishReason, LogprobEvent, Request, RequestState, TokenEvent
 from .text import TextAssembler
@@ -100,6 +100,7 @@ class Composer:
         self.budget = budget
         self.running: list[Request] = []  # admission order
         self.n_logprobs = 0  # running requests that asked for logprobs: a step builds LogitRows only then
+        self.burst_stalls = 0  # decode tokens the current burst's full-batch steps have held back
 
     def add(self, requests: Sequence[Request]) -> None:
         for r in requests:
@@ -155,9 +156,21 @@ class Composer:
 
     def _burst(self, n_decoding: int) -> bool:
         """More prompts wait for their first token than streams decode (a burst of arrivals): TTFT
-        is the experience of most of the running set, so the step fills n_batch with prefill. The
-        few streams that stall for it are a small share of all inter-token gaps (p99 reads past them)."""
-        return sum(1 for r in self.running if r.pending > 1 and r.share is None) > n_decoding
+        is the experience of most of the running set, so the step fills n_batch with prefill.
+
+        Every stream decoding in such a step waits for all of it: one long inter-token gap each.
+        The burst goes on only while those gaps stay within BURST_STALL_SHARE of the tokens the
+        running set has left to generate, so they stay in the tail past the p99 of the gaps;
+        after that the budget bounds every step again."""
+        prompts = sum(1 for r in self.running if r.pending > 1 and r.share is None)
+        if prompts <= n_decoding:
+            self.burst_stalls = 0  # the burst is over: the next one has its own allowance
+            return False
+        allowance = BURST_STALL_SHARE * sum(max(0, r.remaining) for r in self.running)
+        if self.burst_stalls + n_decoding > allowance:
+            return False
+        self.burst_stalls += n_decoding
+        return True
 
     def apply(
         self, plan: StepPlan, tokens: Sequence[int], pieces: Sequence[bytes], eog: Sequence[bool],
