@@ -8,12 +8,17 @@ unique prompt to every engine in turn, the order rotated each round, so drift on
 box (another process, thermal, page cache) lands on every engine alike. A sweep runs engines
 one after another, minutes apart: its N=1 difference of 50 ms TTFT is inside that drift.
 Writes `ab.json` (every record) and `ab.md` (medians, and the per-round paired differences).
+
+Each server's CPU is read per thread around every request (/proc/PID/task/*/schedstat, ns): the
+two busiest threads are the compute threads (--threads 2); what the others use per output token
+(the event loop, HTTP, the runtime hand-off) is CPU the compute threads lose on a 2-core box.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 import time
@@ -33,6 +38,24 @@ from bench.gate.model import ModelSpec, read_vocab
 from bench.gate.procs import free_port, running_server
 from bench.gate.runner import scrape
 from bench.gate.workloads import Workload, make_prompts
+
+
+def thread_cpu_ns(pid: int) -> dict[str, int]:
+    """Nanoseconds on a CPU so far, per thread of process `pid`."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                out[tid] = int(f.read().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            pass
+    return out
+
+
+def outside_compute_s(before: dict[str, int], after: dict[str, int], n_compute: int) -> tuple[float, float]:
+    """(seconds of CPU in the `n_compute` busiest threads, seconds in every other thread) between two reads."""
+    d = sorted((ns - before.get(tid, 0) for tid, ns in after.items()), reverse=True)
+    return sum(d[:n_compute]) / 1e9, sum(d[n_compute:]) / 1e9
 
 
 def summarise(records: dict[str, list], base: str) -> list[str]:
@@ -63,6 +86,7 @@ async def run(a: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     records: dict[str, list] = {e: [] for e in a.engines}
     inside: dict[str, list[tuple[float, float]]] = {e: [] for e in a.engines}
+    cpu: dict[str, list[tuple[float, float, int]]] = {e: [] for e in a.engines}  # (compute s, other s, tokens)
     async with AsyncExitStack() as stack, httpx.AsyncClient(timeout=600) as client:
         servers = {}
         for eng in a.engines:
@@ -80,7 +104,10 @@ async def run(a: argparse.Namespace) -> None:
                 body = completion_body(s.model_id, prompts[k], a.max_tokens, 0.0, a.seed + k)
                 k += 1
                 before = await scrape(client, s.url) if eng.startswith("skippy") else None
+                cpu0 = thread_cpu_ns(s.pid)
                 rec = await stream_completion(client, s.url, body, index=r, warmup=r < a.warmup, t0=t0)
+                if r >= a.warmup:
+                    cpu[eng].append((*outside_compute_s(cpu0, thread_cpu_ns(s.pid), a.threads), rec.output_tokens))
                 after = await scrape(client, s.url) if before is not None else None
                 if after is not None and r >= a.warmup:  # the server's own split of the request's time
                     inside[eng].append(((after.step_decode - before.step_decode) * 1e3,
@@ -96,13 +123,18 @@ async def run(a: argparse.Namespace) -> None:
                                              if records[e] and r >= a.warmup), flush=True)
     (out / "ab.json").write_text(json.dumps({"args": vars(a), "argv": {e: list(s.argv) for e, s in servers.items()},
                                              "records": {e: [attrs.asdict(x) for x in v] for e, v in records.items()},
-                                             "server_decode_busy_ms": inside},
+                                             "server_decode_busy_ms": inside, "thread_cpu_s": cpu},
                                             indent=1))
     md = [f"# Served N=1 A/B, interleaved ({a.rounds} rounds, prompt {a.input_len} ids, {a.max_tokens} tokens)", "",
           "    python bench/served_ab.py " + " ".join(a.argv), "", *summarise(records, a.engines[-1]), "",
           "Server side (skippy's /metrics deltas around each request), medians:", ""]
     md += [f"- {e}: inside llama_decode {np.median([d for d, _ in v]):.1f} ms, step busy "
            f"{np.median([b for _, b in v]):.1f} ms" for e, v in inside.items() if v]
+    md += ["", f"Server CPU per output token, all rounds (the {a.threads} busiest threads = compute; the rest = "
+               "event loop, HTTP, hand-off):", ""]
+    md += [f"- {e}: compute threads {1e3 * sum(c for c, _, _ in v) / max(1, sum(n for *_, n in v)):.2f} ms, "
+           f"other threads {1e3 * sum(o for _, o, _ in v) / max(1, sum(n for *_, n in v)):.3f} ms"
+           for e, v in cpu.items() if v]
     (out / "ab.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))
 
