@@ -1,6 +1,7 @@
 // Flash attention over a KV pool shared by many sequences (patch 0004), through ggml's public API.
 // Each case builds one FLASH_ATTN_EXT over a pool whose cells belong to interleaved sequences
-// (many sequences decoding together) or to one contiguous band (a prompt chunk), and prints
+// (many sequences decoding together), to one contiguous band (a prompt chunk), or both in one batch
+// (a mixed step: decode rows of many sequences first, then one prompt's chunk), and prints
 //   <case> <fnv1a-64 of the output bytes> <largest error against a double-precision reference>
 // test_fa_shared_pool.py runs it with and without SKIPPY_FA_SCAN_ALL=1 and compares the lines.
 #include "ggml.h"
@@ -26,8 +27,16 @@ static float frand(void) {  // xorshift64: the same data on every run and machin
     return (float) ((rng_state >> 11) * (1.0 / 9007199254740992.0)) * 2.0f - 1.0f;
 }
 
+enum { INTERLEAVED, BANDED, MIXED };
+#define MIXED_DECODES 32  // a mixed step's decode rows; its prompt chunk sits at cells [256, 256 + n_q - 32)
+
 // which sequence holds a cell (-1: a hole) and at what position
 static void cell_owner(int banded, int c, int * seq, int * pos) {
+    if (banded == MIXED) {  // sequence 0's new prompt at [256, 352); 15 decoding sequences round-robin elsewhere
+        *seq = (c >= 256 && c < 352) ? 0 : 1 + c % (N_SEQ - 1);
+        *pos = (c >= 256 && c < 352) ? c - 256 : c / (N_SEQ - 1);
+        return;
+    }
     if (banded) {  // sequence 0 holds cells [256, 768) in order; the rest belongs to others
         *seq = (c >= 256 && c < 768) ? 0 : 1 + c % 3;
         *pos = (c >= 256 && c < 768) ? c - 256 : c;
@@ -39,6 +48,11 @@ static void cell_owner(int banded, int c, int * seq, int * pos) {
 
 // query row r: its sequence and position (its own cells up to that position are open)
 static void row_owner(int banded, int n_q, int r, int * seq, int * pos) {
+    if (banded == MIXED) {
+        *seq = r < MIXED_DECODES ? 1 + r % (N_SEQ - 1) : 0;
+        *pos = r < MIXED_DECODES ? N_KV : r - MIXED_DECODES;  // a decode row sees all its cells
+        return;
+    }
     if (banded) {
         *seq = 0;
         *pos = 512 - n_q + r;
@@ -148,7 +162,8 @@ static void run_case(int D, int n_q, int banded, int invariant, float max_bias, 
         }
     }
     free(w);
-    printf("D%d_q%d_%s_%s_bias%g_cap%g %016llx %.6g\n", D, n_q, banded ? "band" : "interleaved",
+    printf("D%d_q%d_%s_%s_bias%g_cap%g %016llx %.6g\n", D, n_q,
+           banded == MIXED ? "mixed" : banded ? "band" : "interleaved",
            invariant ? "invariant" : "default", max_bias, softcap,
            (unsigned long long) fnv1a(out->data, ggml_nbytes(out)), worst);
     ggml_backend_free(backend);
@@ -166,6 +181,11 @@ int main(void) {
                 }
             }
         }
+    }
+    // a mixed step of 128 rows: its middle query tile holds only the prompt's rows, its first the decodes
+    for (int invariant = 0; invariant < 2; invariant++) {
+        run_case(64, 128, MIXED, invariant, 0.0f, 0.0f);
+        run_case(128, 128, MIXED, invariant, 0.0f, 0.0f);
     }
     // ALiBi slopes and a logit softcap, on the interleaved pool
     run_case(64, 16, 0, 0, 8.0f, 0.0f);

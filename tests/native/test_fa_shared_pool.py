@@ -36,18 +36,18 @@ def kernel_runs(native_build, tmp_path_factory) -> dict[bool, dict[str, tuple[st
     exe = build_harness(native_build, HARNESS, tmp_path_factory.mktemp("harness"), public_api_flags(native_build))
     runs = {scan_all: {case: (digest, float(worst)) for case, digest, worst in run_harness(exe, env=_env(scan_all))}
             for scan_all in (False, True)}
-    assert runs[False].keys() == runs[True].keys() and len(runs[False]) == 52
+    assert runs[False].keys() == runs[True].keys() and len(runs[False]) == 56
     return runs
 
 
 def _tiled_candidate(case: str) -> bool:
     """Cases where upstream takes the tiled kernel: 64+ queries outside batch-invariant mode."""
-    return "_q96_" in case and "_default_" in case
+    return ("_q96_" in case or "_q128_" in case) and "_default_" in case
 
 
 def test_row_kernel_outputs_are_the_same_bytes_as_the_upstream_walk(kernel_runs):
-    exact = [case for case in kernel_runs[False] if not (_tiled_candidate(case) and "_interleaved_" in case)]
-    assert len(exact) == 47
+    exact = [case for case in kernel_runs[False] if not (_tiled_candidate(case) and "_band_" not in case)]
+    assert len(exact) == 49
     for case in exact:
         assert kernel_runs[False][case][0] == kernel_runs[True][case][0], case
 
@@ -59,6 +59,16 @@ def test_an_interleaved_pool_takes_the_row_kernel_and_a_band_keeps_the_tiled_one
         if _tiled_candidate(case):
             same = kernel_runs[False][case][0] == kernel_runs[True][case][0]
             assert same == ("_band_" in case), case
+
+
+def test_a_mixed_step_takes_the_row_kernel_though_its_middle_query_tile_is_one_prompt(kernel_runs):
+    """Patch 0012: the choice counts every query tile. The middle tile of a mixed step (decode rows
+    first, then a prompt chunk) alone says the tiled kernel; its first tile, the decodes of 15
+    sequences over the whole pool, would then be computed densely."""
+    mixed = [case for case in kernel_runs[False] if "_mixed_" in case and "_default_" in case]
+    assert len(mixed) == 2
+    for case in mixed:
+        assert kernel_runs[False][case][0] != kernel_runs[True][case][0], case  # not upstream's tiled bytes
 
 
 @pytest.mark.parametrize("scan_all", [False, True], ids=["patched", "upstream-walk"])
