@@ -52,7 +52,7 @@ def thread_cpu_ns(pid: int) -> dict[str, int]:
     return out
 
 
-def outside_compute_s(before: dict[str, int], after: dict[str, int], n_compute: int) -> tuple[float, float]:
+def compute_and_other_s(before: dict[str, int], after: dict[str, int], n_compute: int) -> tuple[float, float]:
     """(seconds of CPU in the `n_compute` busiest threads, seconds in every other thread) between two reads."""
     d = sorted((ns - before.get(tid, 0) for tid, ns in after.items()), reverse=True)
     return sum(d[:n_compute]) / 1e9, sum(d[n_compute:]) / 1e9
@@ -107,7 +107,7 @@ async def run(a: argparse.Namespace) -> None:
                 cpu0 = thread_cpu_ns(s.pid)
                 rec = await stream_completion(client, s.url, body, index=r, warmup=r < a.warmup, t0=t0)
                 if r >= a.warmup:
-                    cpu[eng].append((*outside_compute_s(cpu0, thread_cpu_ns(s.pid), a.threads), rec.output_tokens))
+                    cpu[eng].append((*compute_and_other_s(cpu0, thread_cpu_ns(s.pid), a.threads), rec.output_tokens))
                 after = await scrape(client, s.url) if before is not None else None
                 if after is not None and r >= a.warmup:  # the server's own split of the request's time
                     inside[eng].append(((after.step_decode - before.step_decode) * 1e3,

@@ -21,7 +21,7 @@ DEFAULT_STALL_FACTOR = 4.0  # with no target: a mixed step may cost up to this m
 # ... and at most this share of a full n_batch step. Many streams make the decode-only step long (at
 # B=32 on SmolLM2 4x of it is 0.76 s, already half a full prefill step): the cap keeps a mixed step's
 # stall a fraction of the one a server that fills n_batch with prefill imposes (llama-server's ITL p99
-# is 1.3-1.5 full steps), measured in bench/results/itl-stall-share.
+# is about 1.2-1.6 full steps); without and with the cap: bench/results/itl-stall-share, itl-full-step-cap.
 FULL_STEP_SHARE = 0.3
 MIN_SAMPLES = 8  # steps of distinct sizes seen before the fit is trusted
 # A burst of arrivals may fill n_batch with prefill while streams decode (composer._burst), so each

@@ -9,14 +9,14 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.served_ab import outside_compute_s, thread_cpu_ns  # noqa: E402
+from bench.served_ab import compute_and_other_s, thread_cpu_ns  # noqa: E402
 
 
 def test_the_busiest_threads_count_as_compute_and_the_rest_as_overhead():
     before = {"1": 0, "2": 0, "3": 0}
     after = {"1": 5_000_000_000, "2": 4_000_000_000, "3": 300_000_000, "4": 20_000_000}  # "4": a new thread
-    assert outside_compute_s(before, after, 2) == (9.0, 0.32)
-    assert outside_compute_s(before, after, 1) == (5.0, 4.32)
+    assert compute_and_other_s(before, after, 2) == (9.0, 0.32)
+    assert compute_and_other_s(before, after, 1) == (5.0, 4.32)
 
 
 def test_a_thread_that_burns_cpu_shows_in_its_own_counter():
@@ -43,5 +43,5 @@ def test_a_thread_that_burns_cpu_shows_in_its_own_counter():
     mine = str(threading.get_native_id())
     assert after[str(tid[0])] - before.get(str(tid[0]), 0) >= 0.15e9  # its 0.2 s, on its own counter
     assert after[mine] - before[mine] < 0.15e9  # not on the thread that waited
-    compute, other = outside_compute_s(before, after, 1)
+    compute, other = compute_and_other_s(before, after, 1)
     assert compute >= 0.15 and other < compute
