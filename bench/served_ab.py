@@ -52,6 +52,27 @@ def thread_cpu_ns(pid: int) -> dict[str, int]:
     return out
 
 
+def thread_sys_s(pid: int) -> dict[str, float]:
+    """Seconds in the kernel so far (stime, clock ticks), per thread of process `pid`: how much of
+    the non-compute threads' CPU is syscalls (socket writes, epoll, wake-ups) rather than Python."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                out[tid] = int(f.read().rpartition(")")[2].split()[12]) / tick
+        except (OSError, ValueError, IndexError):
+            pass
+    return out
+
+
+def other_sys_s(cpu_before: dict[str, int], cpu_after: dict[str, int], sys_before: dict[str, float],
+                sys_after: dict[str, float], n_compute: int) -> float:
+    """Kernel seconds between two reads in every thread but the `n_compute` busiest (by CPU)."""
+    busiest = sorted(cpu_after, key=lambda t: cpu_after[t] - cpu_before.get(t, 0), reverse=True)[:n_compute]
+    return sum(v - sys_before.get(t, 0.0) for t, v in sys_after.items() if t not in busiest)
+
+
 def compute_and_other_s(before: dict[str, int], after: dict[str, int], n_compute: int) -> tuple[float, float]:
     """(seconds of CPU in the `n_compute` busiest threads, seconds in every other thread) between two reads."""
     d = sorted((ns - before.get(tid, 0) for tid, ns in after.items()), reverse=True)
@@ -87,6 +108,7 @@ async def run(a: argparse.Namespace) -> None:
     records: dict[str, list] = {e: [] for e in a.engines}
     inside: dict[str, list[tuple[float, float]]] = {e: [] for e in a.engines}
     cpu: dict[str, list[tuple[float, float, int]]] = {e: [] for e in a.engines}  # (compute s, other s, tokens)
+    other_sys: dict[str, list[float]] = {e: [] for e in a.engines}  # the other threads' kernel seconds
     async with AsyncExitStack() as stack, httpx.AsyncClient(timeout=600) as client:
         servers = {}
         for eng in a.engines:
@@ -104,10 +126,12 @@ async def run(a: argparse.Namespace) -> None:
                 body = completion_body(s.model_id, prompts[k], a.max_tokens, 0.0, a.seed + k)
                 k += 1
                 before = await scrape(client, s.url) if eng.startswith("skippy") else None
-                cpu0 = thread_cpu_ns(s.pid)
+                cpu0, sys0 = thread_cpu_ns(s.pid), thread_sys_s(s.pid)
                 rec = await stream_completion(client, s.url, body, index=r, warmup=r < a.warmup, t0=t0)
                 if r >= a.warmup:
-                    cpu[eng].append((*compute_and_other_s(cpu0, thread_cpu_ns(s.pid), a.threads), rec.output_tokens))
+                    cpu1 = thread_cpu_ns(s.pid)
+                    cpu[eng].append((*compute_and_other_s(cpu0, cpu1, a.threads), rec.output_tokens))
+                    other_sys[eng].append(other_sys_s(cpu0, cpu1, sys0, thread_sys_s(s.pid), a.threads))
                 after = await scrape(client, s.url) if before is not None else None
                 if after is not None and r >= a.warmup:  # the server's own split of the request's time
                     inside[eng].append(((after.step_decode - before.step_decode) * 1e3,
@@ -123,7 +147,8 @@ async def run(a: argparse.Namespace) -> None:
                                              if records[e] and r >= a.warmup), flush=True)
     (out / "ab.json").write_text(json.dumps({"args": vars(a), "argv": {e: list(s.argv) for e, s in servers.items()},
                                              "records": {e: [attrs.asdict(x) for x in v] for e, v in records.items()},
-                                             "server_decode_busy_ms": inside, "thread_cpu_s": cpu},
+                                             "server_decode_busy_ms": inside, "thread_cpu_s": cpu,
+                                             "other_threads_sys_s": other_sys},
                                             indent=1))
     md = [f"# Served N=1 A/B, interleaved ({a.rounds} rounds, prompt {a.input_len} ids, {a.max_tokens} tokens)", "",
           "    python bench/served_ab.py " + " ".join(a.argv), "", *summarise(records, a.engines[-1]), "",
@@ -133,7 +158,8 @@ async def run(a: argparse.Namespace) -> None:
     md += ["", f"Server CPU per output token, all rounds (the {a.threads} busiest threads = compute; the rest = "
                "event loop, HTTP, hand-off):", ""]
     md += [f"- {e}: compute threads {1e3 * sum(c for c, _, _ in v) / max(1, sum(n for *_, n in v)):.2f} ms, "
-           f"other threads {1e3 * sum(o for _, o, _ in v) / max(1, sum(n for *_, n in v)):.3f} ms"
+           f"other threads {1e3 * sum(o for _, o, _ in v) / max(1, sum(n for *_, n in v)):.3f} ms "
+           f"(of which in the kernel {1e3 * sum(other_sys[e]) / max(1, sum(n for *_, n in v)):.3f} ms)"
            for e, v in cpu.items() if v]
     (out / "ab.md").write_text("\n".join(md) + "\n")
     print("\n".join(md))

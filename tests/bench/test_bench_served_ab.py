@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.served_ab import compute_and_other_s, thread_cpu_ns  # noqa: E402
+from bench.served_ab import compute_and_other_s, other_sys_s, thread_cpu_ns, thread_sys_s  # noqa: E402
 
 
 def test_the_busiest_threads_count_as_compute_and_the_rest_as_overhead():
@@ -17,6 +17,23 @@ def test_the_busiest_threads_count_as_compute_and_the_rest_as_overhead():
     after = {"1": 5_000_000_000, "2": 4_000_000_000, "3": 300_000_000, "4": 20_000_000}  # "4": a new thread
     assert compute_and_other_s(before, after, 2) == (9.0, 0.32)
     assert compute_and_other_s(before, after, 1) == (5.0, 4.32)
+
+
+def test_kernel_time_counts_only_the_threads_that_are_not_compute():
+    cpu0 = {"1": 0, "2": 0, "3": 0}
+    cpu1 = {"1": 5_000_000_000, "2": 4_000_000_000, "3": 300_000_000}
+    sys0 = {"1": 1.0, "2": 1.0, "3": 0.5}
+    sys1 = {"1": 1.5, "2": 1.25, "3": 0.625, "4": 0.0625}  # "4": a thread started meanwhile
+    assert other_sys_s(cpu0, cpu1, sys0, sys1, 2) == 0.1875
+
+
+def test_syscalls_show_as_kernel_time_of_the_thread_that_made_them():
+    mine = str(threading.get_native_id())
+    before = thread_sys_s(os.getpid())[mine]
+    end = time.thread_time() + 0.3
+    while time.thread_time() < end:
+        os.getppid(), os.stat("/")  # syscalls only
+    assert thread_sys_s(os.getpid())[mine] - before >= 0.05
 
 
 def test_a_thread_that_burns_cpu_shows_in_its_own_counter():
