@@ -16,7 +16,6 @@ from typing import Any, AsyncIterator, Awaitable, Callable, Sequence
 
 import trio
 from loguru import logger
-from sse_starlette.sse import EventSourceResponse
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -30,6 +29,7 @@ from . import protocol as P
 from . import structured as S
 from . import tokens as T
 from .auth import BearerAuth
+from .event_stream import EventStream
 from .logprob_shapes import ChoiceView, Pieces
 from .metrics import CONTENT_TYPE, ServerMetrics
 
@@ -165,17 +165,16 @@ async def _generate(request: HttpRequest, kind: str) -> Response:
         return await _collect(request, state, streams, shape, t_arrival, headers, call, views)
     headers["Cache-Control"] = "no-cache"
     if S.streams_tools(call) and len(streams) == 1:  # tool calls parsed as the text comes (S.tool_sse)
-        return EventSourceResponse(S.tool_sse(state, streams, shape, call, t_arrival), ping=0, headers=headers)
+        return EventStream(S.tool_sse(state, streams, shape, call, t_arrival), headers=headers)
     if S.streams_tools(call):
         tx, rx = trio.open_memory_channel(0)
-        return EventSourceResponse(S.tool_sse(state, streams, shape, call, t_arrival, rx.receive), ping=0,
-                                   headers=headers, data_sender_callable=partial(_pump, streams, tx))
+        return EventStream(S.tool_sse(state, streams, shape, call, t_arrival, rx.receive), headers=headers,
+                           feeder=partial(_pump, streams, tx))
     if len(streams) == 1:
-        return EventSourceResponse(_sse(state, streams[0], shape, call, t_arrival, views=views), ping=0,
-                                   headers=headers)
+        return EventStream(_sse(state, streams[0], shape, call, t_arrival, views=views), headers=headers)
     tx, rx = trio.open_memory_channel(0)
-    return EventSourceResponse(_sse(state, streams, shape, call, t_arrival, rx.receive, views), ping=0,
-                               headers=headers, data_sender_callable=partial(_pump, streams, tx))
+    return EventStream(_sse(state, streams, shape, call, t_arrival, rx.receive, views), headers=headers,
+                       feeder=partial(_pump, streams, tx))
 
 
 def _views(state: ServerState, call: P.GenerateCall, streams: Sequence[Any]) -> list[ChoiceView]:
@@ -279,7 +278,7 @@ async def _sse(state: ServerState, streams: Any, shape: P.ResponseShape, call: P
     """Streaming: chunks per token (each with its choice's index), usage last when asked, then [DONE].
     One stream is read directly; several come through `receive` (see `_pump`). The tokens that queued
     while the client was slow go out in one write, each once and in order. Being cancelled (the client
-    left: sse-starlette cancels us) cancels the requests."""
+    left: EventStream cancels us) cancels the requests."""
     streams = list(streams) if isinstance(streams, (list, tuple)) else [streams]
     k = len(streams)
     if receive is None:
