@@ -274,7 +274,7 @@ def test_the_server_keeps_idle_connections_longer_than_its_clients_do():
 async def test_connections_closed_by_clients_are_released():
     """hypercorn 0.18's trio worker kept a connection its client closed in CLOSE-WAIT until the
     keep-alive timeout (100 one-request connections left 71 open; the N=256 server run's fds grew
-    9 -> 529); skippy.server._hypercorn_eof closes it when the client's EOF arrives."""
+    9 -> 529); skippy.server._hypercorn_trio closes it when the client's EOF arrives."""
     import os
 
     from skippy.server import create_app, serve_app

@@ -23,7 +23,7 @@ from hypercorn.trio import serve as hypercorn_serve
 from loguru import logger
 
 from ..errors import SkippyError
-from . import _hypercorn_eof
+from . import _hypercorn_trio
 from .app import ServerState
 from .limits import HttpLimits, RequestLimits
 
@@ -117,8 +117,8 @@ async def serve_app(
     `certfile` and `keyfile` (PEM) it serves HTTPS; the bound addresses then start 'https://'."""
     state: ServerState = app.state.server
     # close connections their clients closed at once, not after keep_alive_timeout in CLOSE-WAIT;
-    # version-guarded and idempotent (see _hypercorn_eof: goes once pgjones/hypercorn PR #87 ships)
-    _hypercorn_eof.install()
+    # version-guarded and idempotent (see _hypercorn_trio: goes once pgjones/hypercorn PR #87 ships)
+    _hypercorn_trio.install()
     stop = trio.Event()
     limits = limits or HttpLimits()
     config = hypercorn_config(host, port, limits=limits, certfile=certfile, keyfile=keyfile)  # a bad cert fails here

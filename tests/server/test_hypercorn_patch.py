@@ -1,4 +1,5 @@
-"""skippy.server._hypercorn_eof: installed by serve_app, not at import; version-guarded, idempotent."""
+"""skippy.server._hypercorn_trio: installed by serve_app, not at import; version-guarded, idempotent; the
+uncontended write keeps the lock's order and cancellation and skips only its yield."""
 
 from __future__ import annotations
 
@@ -7,9 +8,11 @@ import subprocess
 import sys
 
 import pytest
+import trio
+import trio.testing
 from loguru import logger
 
-from skippy.server import _hypercorn_eof
+from skippy.server import _hypercorn_trio
 
 pytestmark = pytest.mark.server
 
@@ -22,6 +25,8 @@ class _TCPServer:
     async def _idle_timeout(self) -> None: ...
 
     async def _initiate_server_close(self) -> None: ...
+
+    async def protocol_send(self, event) -> None: ...
 
 
 @pytest.fixture
@@ -45,46 +50,137 @@ def warnings():
 
 def _with_version(monkeypatch, version: str) -> None:
     real = importlib.metadata.version
-    monkeypatch.setattr(_hypercorn_eof.importlib.metadata, "version",
+    monkeypatch.setattr(_hypercorn_trio.importlib.metadata, "version",
                         lambda name: version if name == "hypercorn" else real(name))
 
 
 def test_importing_the_server_does_not_patch_hypercorn():
     code = ("import skippy.server, skippy.server.serve\n"
             "from hypercorn.trio.tcp_server import TCPServer\n"
-            "assert not hasattr(TCPServer, '_skippy_eof_closes')\n"
-            "assert skippy.server._hypercorn_eof.install() and TCPServer._skippy_eof_closes\n")
+            "assert not hasattr(TCPServer, '_skippy_patched')\n"
+            "assert skippy.server._hypercorn_trio.install() and TCPServer._skippy_patched\n")
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 def test_the_installed_hypercorn_is_in_the_known_range():
     """pyproject.toml's bound and KNOWN_VERSIONS agree with what is installed: the fix is live."""
-    low, high = _hypercorn_eof.KNOWN_VERSIONS
-    assert low <= _hypercorn_eof._version_tuple(importlib.metadata.version("hypercorn")) < high
+    low, high = _hypercorn_trio.KNOWN_VERSIONS
+    assert low <= _hypercorn_trio._version_tuple(importlib.metadata.version("hypercorn")) < high
 
 
 def test_install_patches_a_known_version_once(monkeypatch, fake_tcp_server, warnings):
     _with_version(monkeypatch, "0.18.0")
-    assert _hypercorn_eof.install()
-    patched = fake_tcp_server._read_data, fake_tcp_server._idle_timeout
+    assert _hypercorn_trio.install()
+    patched = fake_tcp_server._read_data, fake_tcp_server._idle_timeout, fake_tcp_server.protocol_send
     assert patched[0] is not _TCPServer._read_data and patched[1] is not _TCPServer._idle_timeout
-    assert _hypercorn_eof.install()  # a second install leaves the first patch in place (no double wrap)
-    assert (fake_tcp_server._read_data, fake_tcp_server._idle_timeout) == patched
+    assert patched[2] is not _TCPServer.protocol_send
+    assert _hypercorn_trio.install()  # a second install leaves the first patch in place (no double wrap)
+    assert (fake_tcp_server._read_data, fake_tcp_server._idle_timeout, fake_tcp_server.protocol_send) == patched
     assert warnings == []
 
 
 @pytest.mark.parametrize("version", ["0.16.0", "0.19.0", "1.0", "unknown"])
 def test_install_refuses_an_unknown_version(monkeypatch, fake_tcp_server, warnings, version):
     _with_version(monkeypatch, version)
-    assert not _hypercorn_eof.install()
+    assert not _hypercorn_trio.install()
     assert fake_tcp_server._read_data is _TCPServer._read_data
     assert fake_tcp_server._idle_timeout is _TCPServer._idle_timeout
+    assert fake_tcp_server.protocol_send is _TCPServer.protocol_send
     assert len(warnings) == 1 and "not patching" in warnings[0]
 
 
 def test_install_refuses_when_the_private_methods_moved(monkeypatch, fake_tcp_server, warnings):
     _with_version(monkeypatch, "0.18.0")
     monkeypatch.delattr(_TCPServer, "_initiate_server_close")
-    assert not _hypercorn_eof.install()
+    assert not _hypercorn_trio.install()
     assert fake_tcp_server._read_data is _TCPServer._read_data
     assert len(warnings) == 1 and "_initiate_server_close" in warnings[0]
+
+
+# -- the uncontended write, on hypercorn's own protocol_send wrapped as install() wraps it ----------
+
+
+class _Conn:
+    """What protocol_send touches on a TCPServer: its send lock, its stream, its protocol."""
+
+    def __init__(self, broken: bool = False, order: list[str] | None = None) -> None:
+        self.order = order if order is not None else []
+        self.send_lock = trio.Lock()
+        self.written: list[bytes] = []
+        self.handled: list[object] = []
+        self.broken = broken
+        self.stream = self
+        self.protocol = self
+
+    async def send_all(self, data: bytes) -> None:
+        if self.broken:
+            raise trio.BrokenResourceError
+        self.order.append("write")
+        self.written.append(data)
+        await trio.lowlevel.checkpoint()
+
+    async def handle(self, event: object) -> None:
+        self.handled.append(event)
+
+
+def _send():
+    from hypercorn.trio.tcp_server import TCPServer
+
+    original = getattr(TCPServer, "_skippy_original_protocol_send", TCPServer.protocol_send)
+    return _hypercorn_trio._uncontended_write(original)
+
+
+async def test_a_free_lock_is_taken_without_a_yield_before_the_write():
+    from hypercorn.events import RawData
+
+    order: list[str] = []
+    send, conn = _send(), _Conn(order=order)
+
+    async def other() -> None:
+        order.append("other task")
+
+    async def write(nursery: trio.Nursery) -> None:
+        nursery.start_soon(other)  # runnable from the write's first yield on
+        await send(conn, RawData(b"token"))
+
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(write, nursery)
+    assert conn.written == [b"token"] and not conn.send_lock.locked()
+    # hypercorn's own `async with send_lock` yields before the write, and `other` runs there
+    assert order == ["write", "other task"]
+
+
+async def test_a_held_lock_is_waited_for_and_writes_stay_in_order():
+    from hypercorn.events import RawData
+
+    send, conn = _send(), _Conn()
+    with trio.fail_after(5):
+        async with trio.open_nursery() as nursery:
+            await conn.send_lock.acquire()
+            nursery.start_soon(send, conn, RawData(b"second"))
+            await trio.testing.wait_all_tasks_blocked()
+            assert conn.written == []  # it waits for the holder
+            conn.written.append(b"first")
+            conn.send_lock.release()
+    assert conn.written == [b"first", b"second"] and not conn.send_lock.locked()
+
+
+async def test_a_cancelled_caller_raises_before_writing():
+    from hypercorn.events import RawData
+
+    send, conn = _send(), _Conn()
+    with trio.fail_after(5):
+        with trio.CancelScope() as scope:
+            scope.cancel()
+            await send(conn, RawData(b"late"))
+    assert scope.cancelled_caught and conn.written == [] and not conn.send_lock.locked()
+
+
+async def test_a_broken_stream_reports_closed_and_frees_the_lock():
+    from hypercorn.events import Closed, RawData
+
+    send, conn = _send(), _Conn(broken=True)
+    with trio.fail_after(5):
+        await send(conn, RawData(b"x"))
+    assert conn.handled == [Closed()] and not conn.send_lock.locked()

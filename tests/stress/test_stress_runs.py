@@ -80,7 +80,7 @@ RELEASED = "server released the connections its clients closed"
 async def test_server_stress_run_keeps_every_invariant(synth_model_path):
     synth_model_path("llama")
     result = await server_result()
-    assert failed(result) == []  # including RELEASED: connections clients closed are closed (_hypercorn_eof)
+    assert failed(result) == []  # including RELEASED: connections clients closed are closed (_hypercorn_trio)
     assert result["totals"]["server_log_findings"] == []
     assert {f"all rounds: {n}" for n in SERVER_INVARIANTS} | {
         "RSS not growing across rounds", "server logged no error", "server stopped cleanly on SIGINT"} <= names(result)

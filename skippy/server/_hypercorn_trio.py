@@ -1,24 +1,33 @@
-"""Close a keep-alive connection as soon as its client has closed it (hypercorn's trio worker).
+"""Two changes to hypercorn's trio TCPServer: closing on the client's EOF, and the uncontended write.
 
-hypercorn 0.18's trio TCPServer reads the client's EOF and then keeps the connection, in
+**EOF.** hypercorn 0.18's trio TCPServer reads the client's EOF and then keeps the connection, in
 CLOSE-WAIT, until its keep-alive timer runs out: the timer task keeps the connection's task
 group alive (the trio side of pgjones/hypercorn PR #87). Under load that piles up open file
 descriptors (stress/server_run: 9 -> 529 over six N=256 rounds). Here the timer also ends
 when the client's EOF arrives, so an idle connection whose client left is closed at once;
 one still answering a request is closed when the answer is done.
 
-This replaces two *private* methods of `hypercorn.trio.tcp_server.TCPServer`, so it is not
+**The uncontended write.** `protocol_send` takes the connection's send lock with `async with`:
+trio's Lock.acquire yields to the scheduler even when the lock is free, so every streamed token
+paid one more run-loop turn (an epoll call, every task frame of the ASGI stack resumed): 71 of the
+event loop's 622 Python calls per token at N=1 (bench/results/n1-lean-path). Here a free lock is
+taken without that yield; the write itself (`send_all`) still yields, a cancelled caller still
+raises before writing (`checkpoint_if_cancelled`), and a held lock is waited for as before, so
+writes stay whole and in order.
+
+This replaces three *private* methods of `hypercorn.trio.tcp_server.TCPServer`, so it is not
 applied at import: `serve_app` calls `install()`, which patches only the hypercorn versions
 whose `TCPServer` internals it was written and checked against (`KNOWN_VERSIONS`: 0.17.0
-through 0.18.0 have the same `run` / `_read_data` / `_idle_timeout` / `_initiate_server_close`),
-and only when the attributes it replaces and calls are there; otherwise it logs a warning and
-leaves hypercorn alone (connections then linger in CLOSE-WAIT until `keep_alive_timeout`).
-pyproject.toml bounds hypercorn to the same range.
+through 0.18.0 have the same `run` / `_read_data` / `_idle_timeout` / `_initiate_server_close` /
+`protocol_send`), and only when the attributes it replaces and calls are there; otherwise it logs a
+warning and leaves hypercorn alone (connections then linger in CLOSE-WAIT until
+`keep_alive_timeout`, and each write yields once more). pyproject.toml bounds hypercorn to the
+same range.
 
-When to drop it: once pgjones/hypercorn PR #87 (end the trio idle-timeout task when the
-client's EOF is read) is in a release, require that release in pyproject.toml and delete this
-module and its call in `serve.py`; tests/test_faults.py's
-`test_connections_closed_by_clients_are_released` checks the behaviour either way.
+When to drop the EOF part: once pgjones/hypercorn PR #87 (end the trio idle-timeout task when the
+client's EOF is read) is in a release, require that release in pyproject.toml and drop it;
+tests/test_faults.py's `test_connections_closed_by_clients_are_released` checks the behaviour
+either way.
 """
 
 from __future__ import annotations
@@ -33,9 +42,9 @@ from loguru import logger
 # [lowest, highest) hypercorn versions whose trio TCPServer this patch matches (checked against
 # the 0.17.0, 0.17.3 and 0.18.0 sources); keep in step with the bound in pyproject.toml
 KNOWN_VERSIONS = ((0, 17), (0, 19))
-_REPLACED = ("_read_data", "_idle_timeout")
+_REPLACED = ("_read_data", "_idle_timeout", "protocol_send")
 _CALLED = ("_initiate_server_close",)
-_MARK = "_skippy_eof_closes"
+_MARK = "_skippy_patched"
 
 
 def _version_tuple(version: str) -> tuple[int, ...] | None:
@@ -74,6 +83,27 @@ def _patched(original_read_data: Any) -> tuple[Any, Any]:
     return _read_data, _idle_timeout
 
 
+def _uncontended_write(original_send: Any) -> Any:
+    from hypercorn.events import Closed, RawData
+
+    async def protocol_send(self: Any, event: Any) -> None:
+        lock = self.send_lock
+        if not isinstance(event, RawData) or lock.locked():
+            return await original_send(self, event)
+        await trio.lowlevel.checkpoint_if_cancelled()  # what Lock.acquire checks first
+        lock.acquire_nowait()  # free: no other task can take it before this line (no yield since the test)
+        try:
+            try:
+                with trio.CancelScope(shield=True):
+                    await self.stream.send_all(event.data)
+            except (trio.BrokenResourceError, trio.ClosedResourceError):
+                await self.protocol.handle(Closed())
+        finally:
+            lock.release()
+
+    return protocol_send
+
+
 def install() -> bool:
     """Patch hypercorn's trio TCPServer once per process; True when the patch is in place.
 
@@ -103,5 +133,7 @@ def install() -> bool:
                        version, ", ".join(missing))
         return False
     TCPServer._read_data, TCPServer._idle_timeout = _patched(TCPServer._read_data)
+    TCPServer._skippy_original_protocol_send = TCPServer.protocol_send
+    TCPServer.protocol_send = _uncontended_write(TCPServer.protocol_send)
     setattr(TCPServer, _MARK, True)
     return True
