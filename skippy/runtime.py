@@ -115,6 +115,10 @@ class ContextRuntime:
         )
         self._batch = Batch(self.n_batch)
         self._tok = model.tokenizer
+        # per token id, as the worker thread reads them every step: one dict lookup instead of a
+        # cffi call and a buffer (the vocabulary is immutable after load; a dict item is atomic)
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
         self.share_exact = self.kv_class.recurrent or self.kv_class is KvClass.ISWA
         settings = {k: v for k, v in attrs.asdict(options).items() if k not in _NOT_IN_IDENTITY}
         self.prefix_identity = identity_seed(file_digest(model.path), model.arch, settings)
@@ -167,10 +171,16 @@ class ContextRuntime:
         return self._tok.tokenize(text, add_special=add_special)
 
     def piece(self, token: int) -> bytes:
-        return self._tok.piece(token)
+        piece = self._pieces.get(token)
+        if piece is None:
+            piece = self._pieces[token] = self._tok.piece(token)
+        return piece
 
     def is_eog(self, token: int) -> bool:
-        return self._tok.is_eog(token)
+        eog = self._eog.get(token)
+        if eog is None:
+            eog = self._eog[token] = self._tok.is_eog(token)
+        return eog
 
     def close(self) -> None:
         self.ctx.close()
@@ -180,9 +190,9 @@ class ContextRuntime:
 
 def sample_rows(logits: np.ndarray, samplers: Sequence[Sampler]) -> np.ndarray:
     """One token per logits row: greedy rows in one vectorised argmax, the rest by their own RNG."""
-    greedy = np.fromiter((s.greedy for s in samplers), dtype=bool, count=len(samplers))
-    if greedy.all():  # argmax over the logits view itself: no copy of (rows x n_vocab) floats
+    if all(s.greedy for s in samplers):  # argmax over the logits view itself: no copy of (rows x n_vocab) floats
         return np.argmax(logits[: len(samplers)], axis=1).astype(np.int64, copy=False)
+    greedy = np.fromiter((s.greedy for s in samplers), dtype=bool, count=len(samplers))
     out = np.empty(len(samplers), dtype=np.int64)
     if greedy.any():
         idx = np.flatnonzero(greedy)

@@ -74,8 +74,11 @@ class StepPlan:
         one position on. Its tokens are what this step samples (filled in when it is launched chained)."""
         assert self.all_decode
         chunks = tuple(Chunk(c.request, c.start + 1, 1, True, True) for c in self.chunks)
-        return StepPlan(chunks, np.zeros_like(self.tokens), self.positions + 1, self.seq_ids.copy(),
-                        self.outputs.copy(), 0, self.rows)  # the same rows: one sampled row per sequence
+        # seq_ids, outputs and rows are the same and nothing writes a plan's arrays after composing
+        # it (a chained launch fills only its tokens), so they are shared, not copied: this runs
+        # on the event loop every decode step
+        return StepPlan(chunks, np.empty_like(self.tokens), self.positions + 1, self.seq_ids, self.outputs, 0,
+                        self.rows)
 
 
 def asks_logprobs(r: Request) -> bool:
