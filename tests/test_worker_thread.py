@@ -78,6 +78,25 @@ async def test_a_cancelled_waiter_aborts_the_job_and_still_waits_for_it(worker):
     assert job.done  # the waiter left only once the job had finished
 
 
+async def test_wake_ups_nobody_reads_never_block_the_worker(worker):
+    """A job found done without a wait leaves its wake-up in the pipe unread. More of them than
+    the pipe holds (64 KiB on Linux) must not block the thread that finishes jobs, and a waiter
+    still wakes after them."""
+    wrote = threading.Event()
+
+    def finish_many() -> None:
+        for _ in range(70_000):
+            worker._finished()
+        wrote.set()
+
+    t = threading.Thread(target=finish_many, daemon=True)
+    t.start()
+    t.join(10)
+    assert wrote.is_set(), "a wake-up into a full pipe blocked"
+    with trio.fail_after(10):
+        assert await worker.run(lambda: "after") == "after"
+
+
 def test_close_joins_the_thread():
     w = Worker()
     w.close()

@@ -55,6 +55,9 @@ class Worker:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        # a full pipe already says "something finished": a write that would block is dropped, so
+        # wake-ups nobody read (jobs found done without waiting) never stop the worker thread
+        os.set_blocking(self._wake_w, False)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -68,6 +71,8 @@ class Worker:
     def _finished(self) -> None:  # on the worker thread, after a job's outcome is set
         try:
             os.write(self._wake_w, b"\0")
+        except BlockingIOError:  # the pipe is full: a wake-up is pending already
+            pass
         except OSError:  # closed under us at shutdown: nobody waits any more
             pass
 
