@@ -24,7 +24,6 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -86,20 +85,13 @@ def summarize(prof: str, tokens: int) -> dict:
 def main() -> int:
     if len(sys.argv) > 2 and sys.argv[1] == "serve-child":
         return serve_child(sys.argv[2], sys.argv[3:])
-    import httpx
     import trio
 
     from bench.gate.procs import free_port
-    from bench.profile_served import drive
+    from bench.profile_served import add_server_options, drive, wait_healthy
 
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--model", default="smollm2")
-    p.add_argument("--requests", type=int, default=4)
-    p.add_argument("--max-tokens", type=int, default=256)
-    p.add_argument("--prompt-len", type=int, default=128)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--n-ctx", type=int, default=4096)
-    p.add_argument("--skippy-args", default="")
+    add_server_options(p)
     p.add_argument("--out", required=True)
     a = p.parse_args()
     out = Path(a.out)
@@ -112,12 +104,7 @@ def main() -> int:
     server = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), "serve-child", str(prof), *argv],
                               cwd=ROOT, stderr=open(out / "server.log", "w"), env={**os.environ, "PYTHONPATH": str(ROOT)})
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_healthy(url)
         trio.run(drive, url, 1, 1, 8, a.prompt_len)  # the warm-up stream: not profiled
         records = trio.run(drive, url, 1, a.requests, a.max_tokens, a.prompt_len)
     finally:

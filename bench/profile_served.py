@@ -100,16 +100,30 @@ def scrape(url: str) -> dict[str, float]:
     return {line.split()[0]: float(line.split()[1]) for line in text.splitlines() if line.startswith(want)}
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def add_server_options(p: argparse.ArgumentParser) -> None:
+    """The served run's shape, shared with bench/profile_calls.py."""
     p.add_argument("--model", default="smollm2")
-    p.add_argument("--sessions", type=int, default=1)
     p.add_argument("--requests", type=int, default=4)
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--prompt-len", type=int, default=128)
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--n-ctx", type=int, default=4096)
     p.add_argument("--skippy-args", default="")
+
+
+def wait_healthy(url: str) -> None:
+    for _ in range(600):
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            time.sleep(0.2)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_server_options(p)
+    p.add_argument("--sessions", type=int, default=1)
     p.add_argument("--rate", type=int, default=250, help="py-spy samples per second")
     p.add_argument("--out", default=str(ROOT / "bench/results/token-latency/profile"))
     a = p.parse_args()
@@ -122,12 +136,7 @@ def main() -> int:
             *shlex.split(a.skippy_args)]
     server = subprocess.Popen(argv, cwd=ROOT, stderr=open(out / "server.log", "w"))
     try:
-        for _ in range(600):
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.2)
+        wait_healthy(url)
         trio.run(drive, url, 1, 1, 8, a.prompt_len)  # warm-up, not profiled
         before = scrape(url)
         spy = subprocess.Popen([str(Path(sys.executable).with_name("py-spy")), "record", "--pid", str(server.pid), "--rate", str(a.rate),
