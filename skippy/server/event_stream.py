@@ -33,7 +33,7 @@ class EventStream(StreamingResponse):
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         async with trio.open_nursery() as nursery:
-            nursery.start_soon(_cancel_on_disconnect, receive, nursery.cancel_scope)
+            nursery.start_soon(self._cancel_on_disconnect, receive, nursery.cancel_scope)
             if self.feeder is not None:
                 nursery.start_soon(self.feeder)
             try:
@@ -42,13 +42,9 @@ class EventStream(StreamingResponse):
                 await _close(self.body_iterator)
             nursery.cancel_scope.cancel()  # the body is done: the watcher and the feeder end with it
 
-
-async def _cancel_on_disconnect(receive: Receive, scope: trio.CancelScope) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            scope.cancel()
-            return
+    async def _cancel_on_disconnect(self, receive: Receive, scope: trio.CancelScope) -> None:
+        await self.listen_for_disconnect(receive)  # starlette's: returns on http.disconnect
+        scope.cancel()
 
 
 async def _close(body: Any) -> None:
