@@ -86,6 +86,10 @@ def _run_args(p: argparse.ArgumentParser, quick_engines: Sequence[str]) -> None:
     p.add_argument("--startup-timeout", type=float)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--rounds", type=int, default=1, help="repeat each engine's block this many times per load, "
+                   "engines alternating order each round, requests pooled per engine (N=1 rows drift ~10%% "
+                   "between sequential blocks on a 2-core box)")
+    p.add_argument("--rounds-up-to", type=int, help="only closed loads with N <= this get --rounds (default: all)")
     p.add_argument("--no-batched-bench", action="store_true", help="skip the llama-batched-bench reference")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
 
@@ -163,7 +167,15 @@ def sweep_options(args: argparse.Namespace, full: dict[str, Any] = FULL, quick: 
         startup_timeout=v["startup_timeout"],
         batched_bench=not args.no_batched_bench,
         progress=not args.quiet,
+        rounds=_rounds(getattr(args, "rounds", 1)),
+        rounds_up_to=getattr(args, "rounds_up_to", None),
     )
+
+
+def _rounds(k: int) -> int:
+    if k < 1:
+        raise SystemExit(f"bench.gate: --rounds must be >= 1, got {k}")
+    return k
 
 
 async def _until_signal(main: Callable[[], Any]) -> bool:

@@ -125,6 +125,10 @@ def markdown(meta: dict[str, Any], runs: Sequence[RunResult], batched: list[dict
         f"Command: `{' '.join(meta['command'])}`",
         "",
     ]
+    if (meta.get("rounds") or 1) > 1:
+        where = "every load" if meta.get("rounds_up_to") is None else f"closed loads with N ≤ {meta['rounds_up_to']}"
+        lines[-2:-1] = [lines[-2], "", f"Rounds: at {where}, each engine's block ran {meta['rounds']} times, engines "
+                        "in alternating order (A B C, C B A, ...); each row pools its rounds' requests and time."]
     for workload in dict.fromkeys(r.workload for r in runs):
         lines += [f"## {workload}: {_workload_line(meta, workload)}", "", _HEAD,
                   "|" + "---|" * (_HEAD.count("|") - 1)]

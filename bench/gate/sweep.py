@@ -1,7 +1,8 @@
 """A sweep: every load x engine x workload, servers restarted per (load, engine), results on disk.
 
 Engines are interleaved at each load (skippy, skippy-fast, single-lane, llama-server,
-llama-server-stock at N=1, then at N=2, ...) so slow drift of a noisy machine hits them alike.
+llama-server-stock at N=1, then at N=2, ...) so slow drift of a noisy machine hits them alike;
+with `rounds` each load runs K rounds in alternating engine order, pooled per engine (rounds.py).
 Each server is fresh for its load, so prefix caches start cold and its peak RSS belongs to that
 load. results.json is rewritten after every run: an interrupted sweep keeps what it measured.
 """
@@ -14,7 +15,7 @@ import platform
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import attrs
 import httpx
@@ -27,6 +28,7 @@ from .model import read_vocab
 from .procs import free_port, peak_rss_mb, running_server
 from .records import Load, RunResult
 from .report import write_results
+from .rounds import merge_rounds, round_order
 from .runner import RunConfig, run_one
 from .workloads import Lengths, Workload
 
@@ -48,6 +50,13 @@ class SweepOptions:
     startup_timeout: float = 120.0
     batched_bench: bool = True
     progress: bool = True
+    rounds: int = 1  # each engine's block repeated, engines alternating order (rounds.py), then pooled
+    rounds_up_to: int | None = None  # only closed loads with N <= this get `rounds`; None: every load
+
+    def rounds_at(self, load: Load) -> int:
+        if self.rounds_up_to is None or (load.kind == "closed" and (load.n or 1) <= self.rounds_up_to):
+            return max(1, self.rounds)
+        return 1
 
     @property
     def loads(self) -> list[Load]:
@@ -84,6 +93,8 @@ def meta(opts: SweepOptions, tools: Tools) -> dict[str, Any]:
         "run": attrs.asdict(opts.run),
         "slo": attrs.asdict(opts.slo),
         "request_timeout": opts.request_timeout,
+        "rounds": opts.rounds,
+        "rounds_up_to": opts.rounds_up_to,
     }
 
 
@@ -108,20 +119,38 @@ async def run_sweep(opts: SweepOptions) -> dict[str, Any]:
     # idle connections are dropped well before a server's keep-alive timeout (5 s for llama-server's
     # httplib, and once for skippy's hypercorn), so a request never races the server closing its connection
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None, keepalive_expiry=2.0)
+    client_args = dict(timeout=timeout, limits=limits)
     for load in opts.loads:
-        for engine in opts.engines:
-            port = free_port()
-            argv = server_argv(engine, opts.server, port, opts.slots or load.n or opts.open_slots, tools)
-            log = opts.out / "logs" / f"{engine}-{load.label.replace(' ', '').replace('/', '_')}.log"
-            async with running_server(argv, port, log, startup_timeout=opts.startup_timeout) as server:
-                async with httpx.AsyncClient(timeout=timeout, limits=limits) as client:
-                    for workload in opts.workloads:
-                        with tqdm(total=opts.run.count(load), desc=f"{engine:>18} {workload.name:<12} {load.label}",
-                                  disable=not opts.progress, leave=True, file=sys.stderr) as bar:
-                            run = await run_one(server, client, engine, workload, load, vocab, opts.run,
-                                                progress=lambda: bar.update())
-                        run.server.update(peak_rss_mb=peak_rss_mb(server.pid), pid=server.pid)
-                        runs.append(run)
-                        write_results(opts.out, results, runs, opts.slo, final=False)
+        rounds = opts.rounds_at(load)
+        done: dict[tuple[str, str], list[RunResult]] = {}
+
+        def keep(run: RunResult) -> None:
+            done.setdefault((run.engine, run.workload), []).append(run)
+            write_results(opts.out, results, runs + [merge_rounds(v) for v in done.values()], opts.slo, final=False)
+
+        for k in range(rounds):
+            for engine in round_order(opts.engines, k):
+                await _serve_engine(opts, tools, vocab, client_args, engine, load, k, rounds, keep)
+        runs += [merge_rounds(v) for v in done.values()]
     write_results(opts.out, results, runs, opts.slo, final=True)
     return results
+
+
+async def _serve_engine(opts: SweepOptions, tools: Tools, vocab: Any, client_args: dict[str, Any], engine: str,
+                        load: Load, k: int, rounds: int, keep: Callable[[RunResult], None]) -> None:
+    """One fresh server of `engine` for `load`: every workload's run on it (round k of `rounds`), each
+    handed to `keep` as it ends, so an interrupted sweep keeps what it measured."""
+    port = free_port()
+    argv = server_argv(engine, opts.server, port, opts.slots or load.n or opts.open_slots, tools)
+    tag = "" if rounds == 1 else f"-r{k + 1}"
+    log = opts.out / "logs" / f"{engine}-{load.label.replace(' ', '').replace('/', '_')}{tag}.log"
+    async with running_server(argv, port, log, startup_timeout=opts.startup_timeout) as server:
+        async with httpx.AsyncClient(**client_args) as client:
+            for workload in opts.workloads:
+                desc = f"{engine:>18} {workload.name:<12} {load.label}" + (f" round {k + 1}/{rounds}" if tag else "")
+                with tqdm(total=opts.run.count(load), desc=desc, disable=not opts.progress, leave=True,
+                          file=sys.stderr) as bar:
+                    run = await run_one(server, client, engine, workload, load, vocab, opts.run,
+                                        progress=lambda: bar.update())
+                run.server.update(peak_rss_mb=peak_rss_mb(server.pid), pid=server.pid)
+                keep(run)

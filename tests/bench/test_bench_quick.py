@@ -100,3 +100,35 @@ async def test_quick_sweep_end_to_end(quick_results: Path):
     assert redrawn.returncode == 0, redrawn.stderr.decode()
     assert "ttft ≤ 0.001 ms" in (quick_results / "summary.md").read_text()
     assert os.path.getsize(quick_results / "chat-closed.png") > 10_000
+
+
+async def test_rounds_interleave_engines_and_pool_their_requests(tmp_path: Path):
+    """--rounds 2 at N=1 only: each engine's server runs twice, in A B / B A order, one pooled row each;
+    N=4 runs once."""
+    from skippy.native import ensure_built
+
+    with trio.fail_after(BUILD_BUDGET_S):
+        await trio.to_thread.run_sync(partial(ensure_built, tools=True, progress=False), abandon_on_cancel=True)
+    done = await bench("sweep", "--quick", "--engines", "skippy", "llama-server", "--workloads", "chat",
+                       "--rounds", "2", "--rounds-up-to", "1", "--no-batched-bench", "--name", "rounds",
+                       "--out-dir", str(tmp_path), "--quiet", budget=SWEEP_BUDGET_S)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    out = tmp_path / "rounds"
+    data = json.loads((out / "results.json").read_text())
+    assert data["complete"] and data["meta"]["rounds"] == 2
+    runs = {(r["engine"], r["load"]["n"]): r for r in data["runs"]}
+    assert set(runs) == {(e, n) for e in ("skippy", "llama-server") for n in (1, 4)}
+    for (engine, n), run in runs.items():
+        measured = [q for q in run["requests"] if not q["warmup"]]
+        rounds = 2 if n == 1 else 1
+        assert len(measured) == rounds * max(4, 2 * n), (engine, n)
+        assert all(q["error"] is None for q in measured)
+        assert len({q["index"] for q in measured}) == len(measured)
+        assert len(run["server"].get("rounds", [None])) == rounds
+    # two fresh servers per engine at N=1, started in the order A B B A
+    logs = sorted((out / "logs").glob("*-N=1-r*.log"), key=lambda p: p.stat().st_mtime)
+    assert [p.name for p in logs] == ["skippy-N=1-r1.log", "llama-server-N=1-r1.log",
+                                      "llama-server-N=1-r2.log", "skippy-N=1-r2.log"]
+    pids = [r["pid"] for r in runs[("skippy", 1)]["server"]["rounds"]]
+    assert len(set(pids)) == 2
+    assert "Rounds: at closed loads with N ≤ 1" in (out / "summary.md").read_text()
