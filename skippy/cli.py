@@ -113,7 +113,7 @@ def _add_latency_options(parser: argparse.ArgumentParser) -> None:
                              "kernels (faster per token, outputs may vary with the batch)")
     parser.add_argument("--tpot-target-ms", type=_target_ms, default=None, metavar="MS",
                         help="per-token latency target: a step carrying decodes takes only as much prefill as "
-                             "keeps it within MS (default: four decode-only steps, at most 0.3 of a full n_batch step; "
+                             "keeps it within MS (default: four decode-only steps, at most 0.2 of a full n_batch step; "
                              "0: no budget)")
 
 

@@ -74,7 +74,7 @@ class EngineConfig:
     verify_invariance: str = "cached"
     # Stall-free steps (scheduling.budget): a step that carries decodes takes only as much prefill as
     # keeps it within this many ms (its measured cost model decides); None: four decode-only steps
-    # (scheduling.budget.DEFAULT_STALL_FACTOR), at most 0.3 of a full n_batch step (FULL_STEP_SHARE),
+    # (scheduling.budget.DEFAULT_STALL_FACTOR), at most 0.2 of a full n_batch step (FULL_STEP_SHARE),
     # 0: no budget (every step may fill n_batch).
     tpot_target_ms: float | None = None
     min_prefill_tokens: int = 32  # a mixed step always moves prompts by at least this much

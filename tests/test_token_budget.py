@@ -149,8 +149,10 @@ def test_a_burst_stops_once_its_stalls_reach_their_share_of_the_tokens_left():
 def test_without_a_target_many_streams_cap_a_mixed_step_at_a_share_of_a_full_batch_step():
     b = fed(TokenBudget(512, min_prefill=4), fixed=0.005, per_token=0.0005)
     full = 0.005 + 0.0005 * 512  # 261 ms
-    # 200 decodes: four decode-only steps (420 ms) would be past the cap (78.3 ms) -> (78.3 - 5) / 0.5 - 200 < 0
-    assert DEFAULT_STALL_FACTOR * (0.005 + 0.0005 * 200) > FULL_STEP_SHARE * full
+    cap = FULL_STEP_SHARE * full  # 52.2 ms
+    # 200 decodes: four decode-only steps (420 ms) would be past the cap -> (52.2 - 5) / 0.5 - 200 < 0
+    assert DEFAULT_STALL_FACTOR * (0.005 + 0.0005 * 200) > cap
     assert b.prefill_tokens(200) == 4  # the floor: prompts still move
-    # 100 decodes: min(4 x 55 ms, 78.3 ms) -> (78.3 - 5) / 0.5 - 100 = 46
-    assert b.prefill_tokens(100) == math.floor((FULL_STEP_SHARE * full - 0.005) / 0.0005 + 1e-6) - 100 == 46
+    # 60 decodes: min(4 x 35 ms, 52.2 ms) -> (52.2 - 5) / 0.5 - 60 = 34
+    assert DEFAULT_STALL_FACTOR * (0.005 + 0.0005 * 60) > cap
+    assert b.prefill_tokens(60) == math.floor((cap - 0.005) / 0.0005 + 1e-6) - 60 == 34

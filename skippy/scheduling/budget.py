@@ -19,10 +19,11 @@ import attrs
 
 DEFAULT_STALL_FACTOR = 4.0  # with no target: a mixed step may cost up to this many decode-only steps
 # ... and at most this share of a full n_batch step. Many streams make the decode-only step long (at
-# B=32 on SmolLM2 4x of it is 0.76 s, already half a full prefill step): the cap keeps a mixed step's
+# B=32 on SmolLM2 4x of it is 0.6 s, a third of a full prefill step): the cap keeps a mixed step's
 # stall a fraction of the one a server that fills n_batch with prefill imposes (llama-server's ITL p99
-# is about 1.2-1.6 full steps); without and with the cap: bench/results/itl-stall-share, itl-full-step-cap.
-FULL_STEP_SHARE = 0.3
+# is about 1.0-1.6 full steps). 0.3 gave ITL p99 0.33x of llama-server's at N=32 chat (steps overshoot
+# the fit); a 300 ms target gave 0.19x at the same TTFT p99 (bench/results/frontier-n32).
+FULL_STEP_SHARE = 0.2
 MIN_SAMPLES = 8  # steps of distinct sizes seen before the fit is trusted
 # A burst of arrivals may fill n_batch with prefill while streams decode (composer._burst), so each
 # such step stalls every decoding stream past any target. Those stalls are the tail of the inter-token
