@@ -126,6 +126,22 @@ def test_a_burst_of_prompts_waiting_for_their_first_token_lifts_the_budget():
     assert c2.compose().n_prefill == budget.prefill_tokens(3)
 
 
+def test_the_second_half_of_a_wave_is_still_a_burst():
+    """4 of 8 prompts started; of the other four one has only its last token left (it rides in the
+    decode rows) and still waits for its first token: 4 waiting vs 4 streams is a burst, so the whole
+    wave starts within one more step instead of staggering into budgeted mixed steps."""
+    budget = fed(TokenBudget(256, target_s=0.010, min_prefill=8), fixed=0.002, per_token=0.0002)
+    c = Composer(256, budget)
+    streams = [request(i, 4, 4, generated=[9]) for i in range(4)]
+    c.add(streams + [request(10, 60, 59)] + [request(11 + i, 60, 0) for i in range(3)])
+    plan = c.compose()
+    assert plan.n_decode == 5 and plan.n_prefill == 180  # all three prompts, not the budget's share
+    assert budget.prefill_tokens(5) < 180
+    c2 = Composer(256, budget)
+    c2.add([request(i, 4, 4, generated=[9]) for i in range(5)] + [request(10 + i, 60, 0) for i in range(4)])
+    assert c2.compose().n_prefill == budget.prefill_tokens(5)  # fewer waiting than streams: budgeted
+
+
 def test_a_burst_stops_once_its_stalls_reach_their_share_of_the_tokens_left():
     budget = fed(TokenBudget(256, target_s=0.010, min_prefill=8), fixed=0.002, per_token=0.0002)
     c = Composer(256, budget)
@@ -140,7 +156,8 @@ def test_a_burst_stops_once_its_stalls_reach_their_share_of_the_tokens_left():
         stalls.append(plan.n_prefill == 256 - plan.n_decode)  # a full batch: every stream waits for it
     assert stalls == [True, True, False]  # 3 + 3 stalls fit in 6.37; a third burst step would make 9
     assert c.compose().n_prefill == budget.prefill_tokens(3)  # bounded by the budget again
-    for r in prompts:  # the burst ends (no more prompts than streams): the next one starts afresh
+    for r in prompts:  # the burst ends (every prompt has its first token): the next one starts afresh
+        r.generated = [9]
         r.cached = r.n_tokens - 1
     c.compose()
     assert c.burst_stalls == 0
