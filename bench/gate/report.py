@@ -27,9 +27,10 @@ def run_summary(run: RunResult, slo: Slo) -> Summary:
 
 
 def _clean(x: Any) -> Any:
-    """JSON without NaN/inf (strict parsers reject them)."""
-    if isinstance(x, float) and not math.isfinite(x):
-        return None
+    """JSON without NaN/inf (strict parsers reject them); floats to 6 decimals (times are seconds:
+    a microsecond is past any clock this measures with, and the file stays a fraction of the size)."""
+    if isinstance(x, float):
+        return round(x, 6) if math.isfinite(x) else None
     if isinstance(x, dict):
         return {k: _clean(v) for k, v in x.items()}
     if isinstance(x, (list, tuple)):
@@ -37,12 +38,25 @@ def _clean(x: Any) -> Any:
     return x
 
 
+def dump_results(results: dict[str, Any]) -> str:
+    """results.json's text: each top-level list (runs, batched-bench entries) one element per line,
+    compact, the rest indented. One value per line made a 3-engine sweep's per-token gaps 5 MB."""
+    parts = []
+    for key, value in _clean(results).items():
+        if isinstance(value, list):
+            body = ",\n".join(json.dumps(v, separators=(",", ":")) for v in value)
+            parts.append(f"{json.dumps(key)}: [\n{body}\n]" if value else f"{json.dumps(key)}: []")
+        else:
+            parts.append(f"{json.dumps(key)}: {json.dumps(value, indent=1)}")
+    return "{\n" + ",\n".join(parts) + "\n}\n"
+
+
 def write_results(out: Path, results: dict[str, Any], runs: Sequence[RunResult], slo: Slo, final: bool) -> None:
     """results.json always; summary.md and the plots once the sweep is complete."""
     results["runs"] = [{**r.to_json(), "summary": attrs.asdict(run_summary(r, slo))} for r in runs]
     results["complete"] = final
     tmp = out / (RESULTS + ".tmp")
-    tmp.write_text(json.dumps(_clean(results), indent=1))
+    tmp.write_text(dump_results(results))
     tmp.replace(out / RESULTS)
     if final:
         write_report(out, results["meta"], runs, results.get("batched_bench", []), slo)
@@ -127,8 +141,8 @@ def markdown(meta: dict[str, Any], runs: Sequence[RunResult], batched: list[dict
     ]
     if (meta.get("rounds") or 1) > 1:
         where = "every load" if meta.get("rounds_up_to") is None else f"closed loads with N ≤ {meta['rounds_up_to']}"
-        lines[-2:-1] = [lines[-2], "", f"Rounds: at {where}, each engine's block ran {meta['rounds']} times, engines "
-                        "in alternating order (A B C, C B A, ...); each row pools its rounds' requests and time."]
+        lines += [f"Rounds: at {where}, each engine's block ran {meta['rounds']} times, engines in alternating "
+                  "order (A B C, C B A, ...); each row pools its rounds' requests and time.", ""]
     for workload in dict.fromkeys(r.workload for r in runs):
         lines += [f"## {workload}: {_workload_line(meta, workload)}", "", _HEAD,
                   "|" + "---|" * (_HEAD.count("|") - 1)]
