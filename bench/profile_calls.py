@@ -93,6 +93,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_server_options(p)
     p.add_argument("--out", required=True)
+    p.add_argument("--keep-prof", action="store_true", help="keep <out>/event-loop.prof (pstats) for a closer look")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -113,7 +114,8 @@ def main() -> int:
     tokens = sum(r.output_tokens for r in records)
     summary = {"command": "python bench/profile_calls.py " + " ".join(shlex.quote(x) for x in sys.argv[1:]),
                **summarize(str(prof), tokens)}
-    prof.unlink()  # binary and machine-specific; the summary is what is kept
+    if not a.keep_prof:
+        prof.unlink()  # binary and machine-specific; the summary is what is kept
     (out / "calls.json").write_text(json.dumps(summary, indent=1) + "\n")
     md = [f"# Event-loop Python calls per streamed token ({a.requests} x {a.max_tokens} tokens, N=1)", "",
           f"    {summary['command']}", "", f"**{summary['calls_per_token']} calls per token** over {tokens} tokens.", "",

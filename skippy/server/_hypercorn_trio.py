@@ -11,9 +11,12 @@ one still answering a request is closed when the answer is done.
 trio's Lock.acquire yields to the scheduler even when the lock is free, so every streamed token
 paid one more run-loop turn (an epoll call, every task frame of the ASGI stack resumed): 71 of the
 event loop's 622 Python calls per token at N=1 (bench/results/n1-lean-path). Here a free lock is
-taken without that yield; the write itself (`send_all`) still yields, a cancelled caller still
-raises before writing (`checkpoint_if_cancelled`), and a held lock is waited for as before, so
-writes stay whole and in order.
+taken without that yield, and on a plain TCP socket the bytes go out with one non-blocking
+write(2) (`_send_now`): trio's `send_all` yields once more after a send that completed, another
+turn per token. Only what the socket does not take at once goes through `send_all` (which waits
+for it to drain, yielding). A cancelled caller still raises before writing
+(`checkpoint_if_cancelled`), and a held lock is waited for as before, so writes stay whole and in
+order.
 
 This replaces three *private* methods of `hypercorn.trio.tcp_server.TCPServer`, so it is not
 applied at import: `serve_app` calls `install()`, which patches only the hypercorn versions
@@ -33,6 +36,7 @@ either way.
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import re
 from typing import Any
 
@@ -94,14 +98,36 @@ def _uncontended_write(original_send: Any) -> Any:
         lock.acquire_nowait()  # free: no other task can take it before this line (no yield since the test)
         try:
             try:
-                with trio.CancelScope(shield=True):
-                    await self.stream.send_all(event.data)
+                data = event.data
+                sent = _send_now(self.stream, data)
+                if sent < len(data):
+                    with trio.CancelScope(shield=True):
+                        await self.stream.send_all(memoryview(data)[sent:])
             except (trio.BrokenResourceError, trio.ClosedResourceError):
                 await self.protocol.handle(Closed())
         finally:
             lock.release()
 
     return protocol_send
+
+
+def _send_now(stream: Any, data: bytes) -> int:
+    """Write what the socket takes now, without a yield: the bytes sent (0 when it would block, or
+    when `stream` is not a plain open trio SocketStream, e.g. TLS). trio's own send yields after
+    every successful send, one more run-loop turn per streamed token (every frame of the ASGI stack
+    resumed) for a write that had already completed. A peer that is gone raises
+    BrokenResourceError, as trio's send_all would."""
+    if type(stream) is not trio.SocketStream or stream.socket.did_shutdown_SHUT_WR:
+        return 0
+    fd = stream.socket.fileno()
+    if fd < 0:
+        return 0  # closed: send_all raises ClosedResourceError
+    try:
+        return os.write(fd, data)  # write(2) on a connected socket is send(2) without flags
+    except BlockingIOError:
+        return 0
+    except OSError as exc:  # EPIPE (SIGPIPE is ignored by Python), ECONNRESET, ...
+        raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
 
 
 def install() -> bool:

@@ -184,3 +184,81 @@ async def test_a_broken_stream_reports_closed_and_frees_the_lock():
     with trio.fail_after(5):
         await send(conn, RawData(b"x"))
     assert conn.handled == [Closed()] and not conn.send_lock.locked()
+
+
+# -- the write without a yield, on a real socket pair ----------------------------------------------
+
+
+class _SocketConn(_Conn):
+    """A TCPServer's write side over a real trio SocketStream (one end of a socket pair)."""
+
+    def __init__(self, stream: trio.SocketStream) -> None:
+        super().__init__()
+        self.stream = stream
+
+
+def _socket_pair() -> tuple[trio.SocketStream, trio.SocketStream]:
+    a, b = trio.socket.socketpair()
+    return trio.SocketStream(a), trio.SocketStream(b)
+
+
+async def _read_exactly(stream: trio.SocketStream, n: int) -> bytes:
+    got = bytearray()
+    while len(got) < n:
+        chunk = await stream.receive_some(65536)
+        assert chunk, "the writer closed early"
+        got += chunk
+    return bytes(got)
+
+
+async def test_a_write_the_socket_takes_at_once_makes_no_yield():
+    from hypercorn.events import RawData
+
+    order: list[str] = []
+    ours, peer = _socket_pair()
+    send, conn = _send(), _SocketConn(ours)
+
+    async def other() -> None:
+        order.append("other task")
+
+    async def write(nursery: trio.Nursery) -> None:
+        nursery.start_soon(other)  # runnable from the write's first yield on
+        await send(conn, RawData(b"data: token\n\n"))
+        order.append("written")
+
+    with trio.fail_after(5):
+        async with ours, peer, trio.open_nursery() as nursery:
+            nursery.start_soon(write, nursery)
+            await trio.testing.wait_all_tasks_blocked()
+            assert await _read_exactly(peer, 13) == b"data: token\n\n"
+    # trio's send_all yields after the send, and `other` would run before "written"
+    assert order == ["written", "other task"] and not conn.send_lock.locked()
+
+
+async def test_what_the_socket_does_not_take_at_once_follows_whole_and_in_order():
+    from hypercorn.events import RawData
+
+    ours, peer = _socket_pair()
+    send, conn = _send(), _SocketConn(ours)
+    big = bytes(range(256)) * 16384  # 4 MiB: more than a socket pair's buffers hold
+    with trio.fail_after(10):
+        async with ours, peer, trio.open_nursery() as nursery:
+            nursery.start_soon(send, conn, RawData(big))
+            await trio.testing.wait_all_tasks_blocked()  # part written, the rest waiting to drain
+            assert conn.send_lock.locked()
+            nursery.start_soon(send, conn, RawData(b"after"))  # waits for the lock, then follows
+            got = await _read_exactly(peer, len(big) + 5)
+    assert got == big + b"after" and not conn.send_lock.locked() and conn.handled == []
+
+
+async def test_a_peer_that_left_reports_closed_on_the_direct_write():
+    from hypercorn.events import Closed, RawData
+
+    ours, peer = _socket_pair()
+    send, conn = _send(), _SocketConn(ours)
+    with trio.fail_after(5):
+        async with ours:
+            await peer.aclose()
+            await send(conn, RawData(b"x"))  # the first write after the peer left may still be taken
+            await send(conn, RawData(b"y"))
+    assert conn.handled and conn.handled[-1] == Closed() and not conn.send_lock.locked()
