@@ -24,6 +24,7 @@ import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import attrs
 import httpx
@@ -38,6 +39,8 @@ from bench.gate.model import ModelSpec, read_vocab
 from bench.gate.procs import free_port, running_server
 from bench.gate.runner import scrape
 from bench.gate.workloads import Workload, make_prompts
+
+ENV_WORD = re.compile(r"^[A-Z_][A-Z0-9_]*=")  # NAME=VALUE in an engine spec: that server's environment
 
 
 def thread_cpu_ns(pid: int) -> dict[str, int]:
@@ -95,6 +98,16 @@ def summarise(records: dict[str, list], base: str) -> list[str]:
     return lines
 
 
+def engine_argv(eng: str, cfg: ServerConfig, port: int, tools: Any) -> list[str]:
+    """'skippy:--no-prefix-cache' is an engine with more args; 'skippy-fast:GOMP_SPINCOUNT=3000' one run
+    under that environment variable (through env(1), which execs: the pid is still the server's)."""
+    base, _, extra = eng.partition(":")
+    words = extra.split()
+    env = [w for w in words if ENV_WORD.match(w)]
+    argv = server_argv(base, cfg, port, 1, tools) + [w for w in words if not ENV_WORD.match(w)]
+    return ["env", *env, *argv] if env else argv
+
+
 async def run(a: argparse.Namespace) -> None:
     spec = ModelSpec.resolve(a.model)
     cfg = ServerConfig(spec, threads=a.threads, n_ctx=a.n_ctx, n_batch=a.n_batch,
@@ -113,8 +126,7 @@ async def run(a: argparse.Namespace) -> None:
         servers = {}
         for eng in a.engines:
             port = free_port()
-            base, _, extra = eng.partition(":")  # 'skippy:--no-prefix-cache': an engine with more args
-            argv = server_argv(base, cfg, port, 1, tools) + extra.split()
+            argv = engine_argv(eng, cfg, port, tools)
             log = out / (re.sub(r"[^A-Za-z0-9_.-]+", "_", eng).strip("_") + ".log")
             servers[eng] = await stack.enter_async_context(running_server(argv, port, log))
         t0 = time.perf_counter()

@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from bench.served_ab import compute_and_other_s, other_sys_s, thread_cpu_ns, thread_sys_s  # noqa: E402
+from bench.served_ab import compute_and_other_s, engine_argv, other_sys_s, thread_cpu_ns, thread_sys_s  # noqa: E402
 
 
 def test_the_busiest_threads_count_as_compute_and_the_rest_as_overhead():
@@ -62,3 +62,17 @@ def test_a_thread_that_burns_cpu_shows_in_its_own_counter():
     assert after[mine] - before[mine] < 0.15e9  # not on the thread that waited
     compute, other = compute_and_other_s(before, after, 1)
     assert compute >= 0.15 and other < compute
+
+
+def test_an_engine_spec_carries_extra_args_and_environment_variables():
+    from bench.gate.engines import ServerConfig
+    from bench.gate.model import ModelSpec
+
+    cfg = ServerConfig(ModelSpec("m", None, Path("/models/m.gguf")), threads=2, n_ctx=1024, n_batch=64)
+    plain = engine_argv("skippy", cfg, 8000, Path("/tools"))
+    assert plain[:3] == [sys.executable, "-m", "skippy"] and "env" not in plain
+    argv = engine_argv("skippy-fast:GOMP_SPINCOUNT=3000 --no-prefix-cache", cfg, 8000, Path("/tools"))
+    # env(1) execs the server, so the pid the A/B reads CPU from is still the server's
+    assert argv[:2] == ["env", "GOMP_SPINCOUNT=3000"] and argv[2:5] == [sys.executable, "-m", "skippy"]
+    assert argv[-1] == "--no-prefix-cache" and "--no-batch-invariant" in argv
+    assert engine_argv("llama-server:--cache-ram=0", cfg, 8000, Path("/tools"))[-1] == "--cache-ram=0"

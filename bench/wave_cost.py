@@ -1,0 +1,71 @@
+"""What a burst of arrivals costs the last prompt: tokens streamed before it starts, against a floor.
+
+    python bench/wave_cost.py bench/results/gate-n32-wave/results.json [--itl-bound-ms 500]
+
+At N=32 every engine's TTFT p99 is the first wave's last prompt. Its first token waits for every
+prompt before it, and also for every token streamed meanwhile: on a box with no batching gain
+(bench/results/frontier-n32), a decode row costs about what a prompt token costs. So the rows that
+are streamed during the wave are what keeps inter-token gaps short, paid for in that prompt's TTFT.
+
+For each run this prints:
+- `t_last`: when the first wave's last first token came;
+- `streamed`: tokens delivered by then, first tokens included;
+- `floor`: the fewest tokens that keep every stream's gaps within `--itl-bound-ms` up to `t_last`.
+  That is, for each stream, (t_last - its first token) / bound, capped at what it generates.
+  A scheduler whose ITL p99 is within the bound streams at least about this many (its 1% tail
+  aside), whatever its policy.
+
+The first wave is the `--concurrency` earliest measured requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+from pathlib import Path
+from typing import Any, Sequence
+
+
+def wave_cost(requests: Sequence[dict[str, Any]], wave: int, itl_bound_s: float) -> dict[str, float]:
+    """`requests`: a run's records (t_send, ttft, itl, output_tokens); warm-up ones are skipped."""
+    recs = sorted((r for r in requests if not r.get("warmup") and r.get("ttft") is not None),
+                  key=lambda r: r["t_send"])
+    if len(recs) < wave:
+        raise ValueError(f"{len(recs)} measured requests, fewer than a wave of {wave}")
+    t0 = recs[0]["t_send"]
+    firsts = [r["t_send"] + r["ttft"] - t0 for r in recs[:wave]]
+    t_last = max(firsts)
+    streamed = 0
+    for r in recs:
+        t = r["t_send"] + r["ttft"] - t0
+        for gap in [0.0, *r["itl"]]:
+            t += gap
+            if t > t_last:
+                break
+            streamed += 1
+    floor = 0
+    for r, t_first in zip(recs[:wave], firsts):
+        floor += min(r["output_tokens"], 1 + math.floor((t_last - t_first) / itl_bound_s))
+    return {"t_last": t_last, "streamed": streamed, "floor": floor}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("results", type=Path)
+    p.add_argument("--concurrency", type=int, default=32)
+    p.add_argument("--itl-bound-ms", type=float, default=500.0)
+    a = p.parse_args(argv)
+    doc = json.loads(a.results.read_text())
+    print(f"| workload | engine | t_last s | streamed by then | floor at ITL <= {a.itl_bound_ms:g} ms |")
+    print("|---|---|---|---|---|")
+    for run in doc["runs"]:
+        if run["load"].get("n") != a.concurrency:
+            continue
+        c = wave_cost(run["requests"], a.concurrency, a.itl_bound_ms / 1e3)
+        print(f"| {run['workload']} | {run['engine']} | {c['t_last']:.2f} | {c['streamed']} | {c['floor']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
