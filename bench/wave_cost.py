@@ -15,7 +15,9 @@ For each run this prints:
   A scheduler whose ITL p99 is within the bound streams at least about this many (its 1% tail
   aside), whatever its policy.
 
-The first wave is the `--concurrency` earliest measured requests.
+The first wave is the `--concurrency` earliest measured requests. A run that pools K rounds
+(`--rounds`: `merge_rounds` keeps each round's requests together, warm-up included, in round
+order) is cut into K equal parts, and each round's wave is reported on its own line.
 """
 
 from __future__ import annotations
@@ -62,9 +64,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     for run in doc["runs"]:
         if run["load"].get("n") != a.concurrency:
             continue
-        c = wave_cost(run["requests"], a.concurrency, a.itl_bound_ms / 1e3)
-        print(f"| {run['workload']} | {run['engine']} | {c['t_last']:.2f} | {c['streamed']} | {c['floor']} |")
+        k = len(run.get("server", {}).get("rounds") or [None])
+        for i, part in enumerate(split_rounds(run["requests"], k)):
+            c = wave_cost(part, a.concurrency, a.itl_bound_ms / 1e3)
+            name = run["engine"] + (f" (round {i + 1})" if k > 1 else "")
+            print(f"| {run['workload']} | {name} | {c['t_last']:.2f} | {c['streamed']} | {c['floor']} |")
     return 0
+
+
+def split_rounds(requests: Sequence[dict[str, Any]], k: int) -> list[list[dict[str, Any]]]:
+    """A pooled run's requests cut into its `k` rounds (each the same size), as `merge_rounds` stores them:
+    round after round. Not by time: a round's warm-up is sent before the shift its start is given."""
+    recs = list(requests)
+    if k < 1 or len(recs) % k:
+        raise ValueError(f"{len(recs)} requests do not split into {k} equal rounds")
+    n = len(recs) // k
+    return [recs[i * n:(i + 1) * n] for i in range(k)]
 
 
 if __name__ == "__main__":

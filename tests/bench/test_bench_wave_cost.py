@@ -37,3 +37,13 @@ def test_the_floor_never_exceeds_what_a_stream_generates():
 def test_too_few_requests_for_a_wave_is_an_error():
     with pytest.raises(ValueError, match="fewer than a wave"):
         wave_cost([_rec(0.0, 1.0, [])], wave=2, itl_bound_s=0.5)
+
+
+def test_a_pooled_run_splits_into_its_rounds_in_stored_order():
+    from bench.wave_cost import split_rounds
+
+    recs = [_rec(t, 1.0, []) for t in (0.0, 1.0, 0.5, 6.0)]  # a warm-up may be sent before the shift
+    first, second = split_rounds(recs, 2)
+    assert [r["t_send"] for r in first] == [0.0, 1.0] and [r["t_send"] for r in second] == [0.5, 6.0]
+    with pytest.raises(ValueError, match="equal rounds"):
+        split_rounds(recs, 3)
