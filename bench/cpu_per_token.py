@@ -1,6 +1,7 @@
 """CPU per streamed token of `skippy serve`, per thread group, with the fixed cost of a request cancelled out.
 
-    python bench/cpu_per_token.py --skippy-args=--no-batch-invariant [--pairs 6] [--out DIR]
+    python bench/cpu_per_token.py --engine skippy-fast [--pairs 6] [--out DIR]
+    python bench/cpu_per_token.py --engine llama-server                          # the same figures for it
     python bench/cpu_per_token.py --family llama --threads 1 --prompt-len 16   # the same Python path on an idle core
 
 One server, N=1. Each pair streams a short request (`--short` tokens) and then a long one
@@ -64,8 +65,21 @@ def per_token(short: tuple[int, int, int], long: tuple[int, int, int], extra: in
     return tuple((b - a) / extra / 1e3 for a, b in zip(short, long))  # type: ignore[return-value]
 
 
+def server_command(a: argparse.Namespace, port: int) -> list[str]:
+    """The engine's command line as the gate runs it (bench.gate.engines), answering to the model name "skippy"."""
+    from bench.gate.engines import ServerConfig, server_argv, tools_for
+    from bench.gate.model import ModelSpec
+
+    cfg = ServerConfig(ModelSpec.resolve(a.model, a.family), threads=a.threads, n_ctx=a.n_ctx,
+                       skippy_extra=tuple(shlex.split(a.skippy_args)))
+    argv = server_argv(a.engine, cfg, port, 1, tools_for([a.engine], batched_bench=False))
+    return argv + (["--alias", "skippy"] if a.engine == "llama-server" else ["--served-model-name", "skippy"])
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--engine", default="skippy", choices=("skippy", "skippy-fast", "llama-server"),
+                   help="llama-server: the same-tree server, for its CPU per token by the same method")
     p.add_argument("--model", default=None, help="a model name or path (default: skippy's embedded model)")
     p.add_argument("--family", default=None, help="a tiny synthetic model instead (e.g. llama)")
     p.add_argument("--threads", type=int, default=2)
@@ -78,9 +92,7 @@ def main() -> int:
     a = p.parse_args()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    which = ["--family", a.family] if a.family else (["--model", a.model] if a.model else [])
-    argv = [sys.executable, "-m", "skippy", "serve", *which, "--port", str(port), "--threads", str(a.threads),
-            "--n-ctx", str(a.n_ctx), "--served-model-name", "skippy", *shlex.split(a.skippy_args)]
+    argv = server_command(a, port)
     server = subprocess.Popen(argv, cwd=ROOT, stderr=subprocess.DEVNULL)
     pairs = []
     try:
