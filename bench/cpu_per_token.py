@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.gate.procs import free_port  # noqa: E402
 from bench.profile_served import drive, wait_healthy  # noqa: E402
-from bench.served_ab import thread_cpu_ns  # noqa: E402
+from bench.served_ab import busiest_and_rest_ns, thread_cpu_ns  # noqa: E402
 
 LONG_EXTRA = 256
 
@@ -55,9 +55,8 @@ def stream(url: str, max_tokens: int, prompt_len: int) -> None:
 def split_ns(before: dict[str, int], after: dict[str, int], n_compute: int, main_tid: str) -> tuple[int, int, int]:
     """(compute, other, main) nanoseconds between two readings: compute = the `n_compute` threads that
     used the most, main = the event-loop thread (the process's first)."""
-    used = {t: after[t] - before.get(t, 0) for t in after}
-    ranked = sorted(used.values(), reverse=True)
-    return sum(ranked[:n_compute]), sum(ranked[n_compute:]), used.get(main_tid, 0)
+    compute, other = busiest_and_rest_ns(before, after, n_compute)
+    return compute, other, after.get(main_tid, 0) - before.get(main_tid, 0)
 
 
 def per_token(short: tuple[int, int, int], long: tuple[int, int, int], extra: int) -> tuple[float, float, float]:

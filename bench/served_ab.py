@@ -76,10 +76,16 @@ def other_sys_s(cpu_before: dict[str, int], cpu_after: dict[str, int], sys_befor
     return sum(v - sys_before.get(t, 0.0) for t, v in sys_after.items() if t not in busiest)
 
 
+def busiest_and_rest_ns(before: dict[str, int], after: dict[str, int], n_compute: int) -> tuple[int, int]:
+    """(ns of CPU in the `n_compute` busiest threads, ns in every other thread) between two reads."""
+    d = sorted((ns - before.get(tid, 0) for tid, ns in after.items()), reverse=True)
+    return sum(d[:n_compute]), sum(d[n_compute:])
+
+
 def compute_and_other_s(before: dict[str, int], after: dict[str, int], n_compute: int) -> tuple[float, float]:
     """(seconds of CPU in the `n_compute` busiest threads, seconds in every other thread) between two reads."""
-    d = sorted((ns - before.get(tid, 0) for tid, ns in after.items()), reverse=True)
-    return sum(d[:n_compute]) / 1e9, sum(d[n_compute:]) / 1e9
+    busiest, rest = busiest_and_rest_ns(before, after, n_compute)
+    return busiest / 1e9, rest / 1e9
 
 
 def summarise(records: dict[str, list], base: str) -> list[str]:

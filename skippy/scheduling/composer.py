@@ -169,8 +169,13 @@ class Composer:
         The burst goes on only while those gaps stay within BURST_STALL_SHARE of the tokens the
         running set has left to generate, so they stay in the tail past the p99 of the gaps;
         after that the budget bounds every step again."""
-        prompts = sum(1 for r in self.running if not r.generated and r.share is None)
-        if not prompts or prompts < sum(1 for r in self.running if r.generated):
+        prompts = streams = 0  # one pass: this runs every step that carries decodes
+        for r in self.running:
+            if r.generated:
+                streams += 1
+            elif r.share is None:
+                prompts += 1
+        if not prompts or prompts < streams:
             self.burst_stalls = 0  # the burst is over: the next one has its own allowance
             return False
         allowance = BURST_STALL_SHARE * sum(max(0, r.remaining) for r in self.running)
