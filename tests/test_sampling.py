@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from skippy import sampling
 from skippy.errors import InvalidInputError
 from skippy.sampling import Sampler, SamplingParams
 
@@ -73,3 +76,81 @@ def test_temperature_spreads_draws():
 def test_bad_sampling_values_are_named_errors(kwargs):
     with pytest.raises(InvalidInputError):
         SamplingParams(**kwargs)
+
+
+# -- pick sorts only a head of the order: the result must not depend on how much ------------------
+
+def _reference_pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
+    """pick's definition written out over the whole sorted order (no heads)."""
+    x = np.asarray(logits, dtype=np.float32)
+    ids = np.arange(x.size)
+    if 0 < p.top_k < x.size:  # the k best by logit then id
+        ids = np.sort(np.lexsort((ids, -x))[: p.top_k])
+    xs = x[ids]
+    w = np.exp((xs - xs.max()) / np.float32(p.temperature))
+    probs_by_id = w / w.sum(dtype=np.float64)
+    order = np.lexsort((ids, -xs))
+    probs = probs_by_id[order]
+    keep = np.ones(probs.size, dtype=bool)
+    if p.min_p > 0:
+        keep &= probs >= p.min_p * probs[0]
+    if p.top_p < 1:
+        keep &= np.cumsum(probs) - probs < p.top_p
+    keep[0] = True
+    kept = int(np.argmin(keep)) if not keep.all() else probs.size
+    if kept < probs.size:
+        probs = probs[:kept] / probs_by_id[np.sort(order[:kept])].sum()
+    index = int(np.searchsorted(np.cumsum(probs), u, side="right"))
+    return int(ids[order[min(index, kept - 1)]])
+
+
+# few distinct values, so ties (at the top-k cut, in the order, at a head's edge) are common
+tied_logits = st.lists(st.sampled_from([-np.inf, -3.0, -1.0, -0.0, 0.0, 0.5, 2.0, 2.5]), min_size=2, max_size=300).map(
+    lambda xs: np.array(xs if max(xs) > -np.inf else [0.0, *xs], dtype=np.float32))
+spread_logits = st.lists(st.floats(-30, 30, allow_nan=False, width=32), min_size=2, max_size=300).map(
+    lambda xs: np.array(xs, dtype=np.float32))
+sampling_params = st.builds(
+    SamplingParams, temperature=st.sampled_from([0.3, 1.0, 2.0]), top_k=st.sampled_from([0, 1, 3, 50]),
+    top_p=st.sampled_from([1.0, 0.9, 0.5]), min_p=st.sampled_from([0.0, 0.05, 0.5]))
+
+
+@given(st.one_of(tied_logits, spread_logits), sampling_params, st.floats(0, 1, exclude_max=True),
+       st.sampled_from([(1,), (2, 5), (4, 16, 64)]))
+@settings(max_examples=400, deadline=None)
+def test_pick_does_not_depend_on_the_heads_it_sorts(logits, params, u, heads):
+    expected = _reference_pick(logits, params, u)
+    for h in (heads, ()):
+        with _heads(h):
+            assert sampling.pick(logits, params, u) == expected
+
+
+@contextlib.contextmanager
+def _heads(heads):
+    saved, sampling.HEADS = sampling.HEADS, heads
+    try:
+        yield
+    finally:
+        sampling.HEADS = saved
+
+
+def test_top_k_ties_at_the_cut_go_to_the_lower_ids():
+    logits = np.array([1.0, 5.0, 1.0, 1.0, 5.0], dtype=np.float32)
+    # k=3: both 5.0s and the lowest-id 1.0 (id 0); a draw past the two 5.0s' share lands on id 0
+    assert {sampling.pick(logits, SamplingParams(temperature=1.0, top_k=3), u) for u in np.linspace(0, 0.999, 50)} == {0, 1, 4}
+
+
+def test_a_big_vocabulary_pick_matches_the_whole_sort():
+    """A real-size row (SmolLM2's 49152 ids): draws across [0, 1) land in and far past the first head."""
+    rng = np.random.default_rng(3)
+    logits = (rng.standard_normal(49152) * 2).astype(np.float32)
+    for params in (SamplingParams(temperature=1.0), SamplingParams(temperature=0.8, top_p=0.95, min_p=0.01),
+                   SamplingParams(temperature=1.5, top_k=400)):
+        for u in (0.0, 0.3, 0.9, 0.999, 0.9999999):
+            assert sampling.pick(logits, params, u) == _reference_pick(logits, params, u)
+
+
+@given(st.lists(st.one_of(st.floats(width=32, allow_nan=False), st.sampled_from([0.0, -0.0, 1.0])), min_size=1,
+                max_size=200))
+def test_the_whole_order_is_by_value_then_id(xs):
+    x = np.array(xs, dtype=np.float32)
+    assert sampling._whole_order(x).tolist() == np.lexsort((np.arange(x.size), -x)).tolist()
