@@ -141,7 +141,7 @@ async def run(a: argparse.Namespace) -> None:
             order = list(a.engines[r % len(a.engines):]) + list(a.engines[:r % len(a.engines)])
             for eng in order:
                 s = servers[eng]
-                body = completion_body(s.model_id, prompts[k], a.max_tokens, 0.0, a.seed + k)
+                body = {**completion_body(s.model_id, prompts[k], a.max_tokens, 0.0, a.seed + k), **a.sampling}
                 k += 1
                 before = await scrape(client, s.url) if eng.startswith("skippy") else None
                 cpu0, sys0 = thread_cpu_ns(s.pid), thread_sys_s(s.pid)
@@ -196,6 +196,10 @@ def main() -> None:
     p.add_argument("--n-ctx", type=int, default=16384)
     p.add_argument("--n-batch", type=int, default=512)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--sampling", type=json.loads, default={},
+                   help='body fields that replace greedy decoding, as JSON: \'{"temperature": 1, "top_k": 0, '
+                        '"top_p": 1, "min_p": 0}\' samples the whole vocabulary in both engines (llama-server '
+                        'fills top_k, top_p and min_p from its own defaults otherwise)')
     p.add_argument("--gap", type=float, default=0.05, help="seconds between requests")
     p.add_argument("--skippy-args", nargs="*", default=[])
     p.add_argument("--llama-server-args", nargs="*", default=[])

@@ -13,6 +13,7 @@ requests, skippy, single-lane and llama-server); every quick default can still b
 from __future__ import annotations
 
 import argparse
+import json
 import shlex
 import signal
 import sys
@@ -86,6 +87,10 @@ def _run_args(p: argparse.ArgumentParser, quick_engines: Sequence[str]) -> None:
     p.add_argument("--startup-timeout", type=float)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--sampling", type=json.loads, default=None,
+                   help='request fields over --temperature, as JSON: \'{"temperature": 1, "top_k": 0, "top_p": 1, '
+                        '"min_p": 0}\' samples the whole vocabulary in every engine (llama-server fills top_k, '
+                        'top_p and min_p from its own defaults otherwise)')
     p.add_argument("--rounds", type=int, default=1, help="repeat each engine's block this many times per load, "
                    "engines alternating order each round, requests pooled per engine (N=1 rows drift ~10%% "
                    "between sequential blocks on a 2-core box)")
@@ -155,7 +160,7 @@ def sweep_options(args: argparse.Namespace, full: dict[str, Any] = FULL, quick: 
         server=ServerConfig(ModelSpec.resolve(v["model"], v["family"]), v["threads"], v["n_ctx"], v["n_batch"],
                             tuple(shlex.split(args.skippy_args)), tuple(shlex.split(args.llama_server_args))),
         run=RunConfig(v["requests_per_worker"], v["min_requests"], v["poisson_requests"], v["warmup"],
-                      args.temperature, args.seed),
+                      args.temperature, args.seed, sampling=args.sampling or {}),
         engines=tuple(v["engines"]),
         workloads=tuple(make_workload(w, lengths) for w in v["workloads"]),
         lengths=lengths,

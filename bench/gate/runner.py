@@ -11,7 +11,7 @@ simply leave those readings empty.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 import attrs
 import httpx
@@ -37,6 +37,7 @@ class RunConfig:
     temperature: float = 0.0
     seed: int = 0
     metrics_interval: float = 0.5
+    sampling: Mapping[str, Any] = attrs.field(factory=dict)  # body fields over `temperature` (--sampling)
 
     def count(self, load: Load) -> int:
         if load.kind == "poisson":
@@ -118,7 +119,8 @@ async def run_one(server: Server, client: httpx.AsyncClient, engine: str, worklo
 
     def sender(batch: list[list[int]], warmup: bool, t0: list[float]) -> Callable[[int], Any]:
         async def send(i: int) -> RequestRecord:
-            body = completion_body(server.model_id, batch[i], workload.output_len, cfg.temperature, cfg.seed + i)
+            body = {**completion_body(server.model_id, batch[i], workload.output_len, cfg.temperature, cfg.seed + i),
+                    **cfg.sampling}
             rec = await stream_completion(client, server.url, body, index=i, warmup=warmup, t0=t0[0])
             if not warmup:
                 progress()
