@@ -108,6 +108,13 @@ def _row(run: RunResult, s: Summary) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def _sampling_text(run: dict) -> str:
+    fields = {"temperature": run.get("temperature", 0.0), **(run.get("sampling") or {})}
+    if not fields["temperature"]:
+        return "greedy (temperature 0) in every engine"
+    return "every request sends " + ", ".join(f"{k} {v}" for k, v in fields.items()) + " (and its seed)"
+
+
 def _workload_line(meta: dict[str, Any], name: str) -> str:
     for w in meta.get("workloads", []):
         if w["name"] == name:
@@ -137,6 +144,8 @@ def markdown(meta: dict[str, Any], runs: Sequence[RunResult], batched: list[dict
         "Engines: " + "; ".join(f"{e} = {ABOUT.get(e, e)}" for e in meta.get("engines", [])) + ".",
         "",
         f"Command: `{' '.join(meta['command'])}`",
+        "",
+        f"Sampling: {_sampling_text(meta.get('run', {}))}.",
         "",
     ]
     if (meta.get("rounds") or 1) > 1:

@@ -110,6 +110,11 @@ def kv_bytes_per_session(cells: dict[str, dict[str, float | None]], per_cell: di
     return {c: v["mean"] * per_cell[c] for c, v in cells.items() if v.get("mean") is not None and c in per_cell}
 
 
+def request_body(model: str, prompt: list[int], max_tokens: int, cfg: RunConfig, i: int) -> dict[str, Any]:
+    """The i-th request's body: greedy at `cfg.temperature`, with `cfg.sampling`'s fields over it."""
+    return {**completion_body(model, prompt, max_tokens, cfg.temperature, cfg.seed + i), **cfg.sampling}
+
+
 async def run_one(server: Server, client: httpx.AsyncClient, engine: str, workload: Workload, load: Load,
                   vocab: Vocab, cfg: RunConfig, progress: Callable[[], None] = lambda: None) -> RunResult:
     """Warm up, then measure `workload` under `load`; every request's record is kept."""
@@ -119,8 +124,7 @@ async def run_one(server: Server, client: httpx.AsyncClient, engine: str, worklo
 
     def sender(batch: list[list[int]], warmup: bool, t0: list[float]) -> Callable[[int], Any]:
         async def send(i: int) -> RequestRecord:
-            body = {**completion_body(server.model_id, batch[i], workload.output_len, cfg.temperature, cfg.seed + i),
-                    **cfg.sampling}
+            body = request_body(server.model_id, batch[i], workload.output_len, cfg, i)
             rec = await stream_completion(client, server.url, body, index=i, warmup=warmup, t0=t0[0])
             if not warmup:
                 progress()

@@ -96,3 +96,16 @@ def test_pairs_judge_skippy_fast_and_the_stock_server():
     assert "== skippy vs llama-server: FAIL" in text
     # a reference without thresholds is not judged
     assert {c.reference for c in gate(runs, 32, {"llama-server": peer})} == {"llama-server"}
+
+
+def test_sampling_fields_go_over_the_greedy_body_and_the_report_says_so():
+    from bench.gate.report import _sampling_text
+    from bench.gate.runner import RunConfig, request_body
+
+    greedy = RunConfig(seed=7)
+    assert request_body("m", [1, 2], 8, greedy, 3)["temperature"] == 0.0
+    assert _sampling_text(attrs.asdict(greedy)) == "greedy (temperature 0) in every engine"
+    sampled = RunConfig(seed=7, sampling={"temperature": 1.0, "top_k": 0})
+    body = request_body("m", [1, 2], 8, sampled, 3)
+    assert (body["temperature"], body["top_k"], body["seed"], body["prompt"]) == (1.0, 0, 10, [1, 2])
+    assert _sampling_text(attrs.asdict(sampled)) == "every request sends temperature 1.0, top_k 0 (and its seed)"
