@@ -180,21 +180,25 @@ class Sampler:
             self.constraint.restore(state[2])
 
 
-# Candidates sorted before the whole vocabulary is: the draw and the filters almost always end in the
-# first few hundred, and sorting 49k-256k ids costs milliseconds per token (a temperature-1 pick with no
-# top-k was 6.2 ms on SmolLM2's vocabulary against a 7 ms decode, bench/results/sampling-cost).
-HEADS = (256, 1024, 4096)
+# Top-p needs the candidates best first, but only as far as its cut: the order is sorted a head at a
+# time (the best 256, then 2048, 16384, then all), not all 49k-256k ids per token (a two-key sort of
+# SmolLM2's 49152 ids took 3.6-4.3 ms against a 7 ms decode, bench/results/sampling-cost).
+HEADS = (256, 2048, 16384)
+# The draw's running sum goes a block of ids at a time: one sum per block, then a running sum over the
+# blocks and within the one block the draw lands in (a running sum over 49k float64s took 0.5 ms).
+BLOCK = 1024
 
 
 def pick(logits: np.ndarray, p: SamplingParams, u: float | None) -> int:
     """The token `p` picks from `logits` (already shaped) with the uniform draw `u` (unused at temperature 0).
 
-    Defined in float32, llama.cpp's precision, over the candidates (the top-k, else every id) in a
-    stable order, by logit then id: weights exp((x - max) / temperature), probabilities over their
-    sum (in id order), min-p and top-p keep the longest prefix that passes (the first always stays;
-    what is left is renormalised only if something was dropped), and the draw is the first candidate
-    whose cumulative probability exceeds `u`. No sum depends on how much of the order is sorted, so
-    only a head of it is (HEADS), grown until the filters and the draw end inside it."""
+    In float32, llama.cpp's precision. The candidates are the top-k (ties at the cut to the lower
+    ids), else every id; each weighs exp((x - max) / temperature). Min-p keeps those weighing at
+    least min_p (the best weighs 1); top-p keeps, best first (by logit, then id), those whose
+    predecessors' weight is under top_p of the candidates' total. The draw walks what is kept in id
+    order, as llama.cpp's dist sampler does: the first whose cumulative weight exceeds u x their
+    total (summed a BLOCK at a time, see `_draw`). Nothing is sorted unless top-p asks for it, and
+    then only as far as its cut."""
     if p.temperature == 0:
         return int(np.argmax(logits))
     if u is None or not 0.0 <= u < 1.0:
@@ -203,22 +207,46 @@ def pick(logits: np.ndarray, p: SamplingParams, u: float | None) -> int:
     ids = _top_k_ids(x, p.top_k) if 0 < p.top_k < x.shape[0] else None  # ascending: id order
     if ids is not None:
         x = x[ids]
-    w = np.exp((x - x.max()) / np.float32(p.temperature))
-    z = w.sum(dtype=np.float64)
-    filtered = p.min_p > 0 or p.top_p < 1
+    w = x - x.max()
+    w /= np.float32(p.temperature)
+    np.exp(w, out=w)
+    kept = None  # local indices, ascending; None: every candidate
+    if p.top_p < 1:
+        kept = _top_p_kept(x, w, p.top_p)
+    if p.min_p > 0:  # the best weighs exp(0) = 1 >= min_p: it always stays
+        kept = np.flatnonzero(w >= np.float32(p.min_p)) if kept is None else kept[w[kept] >= np.float32(p.min_p)]
+    index = _draw(w if kept is None else w[kept], u)
+    local = index if kept is None else int(kept[index])
+    return local if ids is None else int(ids[local])
+
+
+def _draw(w: np.ndarray, u: float) -> int:
+    """The first index whose cumulative weight exceeds u x the total. The total is the running sum of
+    the blocks' sums (BLOCK weights each, the last maybe fewer); the cumulative weight inside the block
+    it lands in is the blocks before it plus a running sum from the block's start (float64 throughout)."""
+    n_full = w.size // BLOCK
+    sums = w[: n_full * BLOCK].reshape(n_full, BLOCK).sum(axis=1, dtype=np.float64)
+    if w.size > n_full * BLOCK:
+        sums = np.append(sums, w[n_full * BLOCK:].sum(dtype=np.float64))
+    edges = np.cumsum(sums)
+    target = u * edges[-1]
+    b = min(int(np.searchsorted(edges, target, side="right")), edges.size - 1)
+    within = np.cumsum(w[b * BLOCK: (b + 1) * BLOCK], dtype=np.float64)
+    if b:
+        within += edges[b - 1]
+    return b * BLOCK + min(int(np.searchsorted(within, target, side="right")), within.size - 1)
+
+
+def _top_p_kept(x: np.ndarray, w: np.ndarray, top_p: float) -> np.ndarray:
+    """Local indices (ascending) of the best-first prefix whose predecessors weigh under top_p of the total."""
+    limit = top_p * w.sum(dtype=np.float64)
     for size in (*(h for h in HEADS if h < x.size), x.size):
         head = _best_first(x, size)
-        probs = w[head] / z
-        whole = head.size == x.size
-        kept = _kept_prefix(probs, p) if filtered else head.size
-        if kept == head.size and filtered and not whole:
-            continue  # the filters may keep candidates past this head
-        if kept < head.size:  # dropped: renormalise what is left
-            probs = probs[:kept] / (w[np.sort(head[:kept])] / z).sum()
-        index = int(np.searchsorted(np.cumsum(probs), u, side="right"))
-        if index < kept or kept < head.size or whole:
-            local = int(head[min(index, kept - 1)])
-            return local if ids is None else int(ids[local])
+        total = np.cumsum(w[head], dtype=np.float64)
+        # the first whose predecessors' weight reaches the limit (the best has none, so it stays)
+        cut = 1 + int(np.searchsorted(total[:-1], limit, side="left"))
+        if cut < head.size or size >= x.size:
+            return np.sort(head[:cut])
     raise AssertionError("unreachable: the last head is every candidate")
 
 
@@ -230,29 +258,11 @@ def _top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
 
 
 def _best_first(x: np.ndarray, size: int) -> np.ndarray:
-    """Indices of at least the `size` largest of float32 `x` (all of a tie at the cut), by value then index."""
-    if size >= x.size:
-        return _whole_order(x)
-    head = np.flatnonzero(x >= np.partition(x, x.size - size)[x.size - size])
-    return head[np.lexsort((head, -x[head]))]
-
-
-def _whole_order(x: np.ndarray) -> np.ndarray:
-    """Every index of float32 `x` by value then index, as one sort of unique 64-bit keys (the float's bits
-    made order-preserving, inverted for descending, above the index): 5x faster than the two-key lexsort."""
-    bits = (x + np.float32(0)).view(np.uint32)  # + 0: -0.0 becomes 0.0, which compares equal to it
+    """Indices of at least the `size` largest of float32 `x` (all of a tie at the cut), by value then index:
+    one sort of unique 64-bit keys (the float's bits made order-preserving, inverted for descending, above
+    the index), 5x faster than numpy's two-key lexsort."""
+    idx = np.arange(x.size) if size >= x.size else np.flatnonzero(x >= np.partition(x, x.size - size)[x.size - size])
+    bits = (x[idx] + np.float32(0)).view(np.uint32)  # + 0: -0.0 becomes 0.0, which compares equal to it
     ordered = np.where(bits >> np.uint32(31), ~bits, bits | np.uint32(0x80000000))
-    keys = ((~ordered).astype(np.uint64) << np.uint64(32)) | np.arange(x.size, dtype=np.uint64)
+    keys = ((~ordered).astype(np.uint64) << np.uint64(32)) | idx.astype(np.uint64)
     return (np.sort(keys) & np.uint64(0xFFFFFFFF)).astype(np.intp)
-
-
-def _kept_prefix(probs: np.ndarray, p: SamplingParams) -> int:
-    """How many of the best-first `probs` min-p and top-p keep: the longest prefix that passes, at least 1."""
-    keep = np.ones(probs.shape[0], dtype=bool)
-    if p.min_p > 0:
-        keep &= probs >= p.min_p * probs[0]
-    if p.top_p < 1:
-        keep &= np.cumsum(probs) - probs < p.top_p
-    keep[0] = True
-    failed = np.flatnonzero(~keep)
-    return int(failed[0]) if failed.size else probs.shape[0]

@@ -88,20 +88,35 @@ def _reference_pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
         ids = np.sort(np.lexsort((ids, -x))[: p.top_k])
     xs = x[ids]
     w = np.exp((xs - xs.max()) / np.float32(p.temperature))
-    probs_by_id = w / w.sum(dtype=np.float64)
-    order = np.lexsort((ids, -xs))
-    probs = probs_by_id[order]
-    keep = np.ones(probs.size, dtype=bool)
-    if p.min_p > 0:
-        keep &= probs >= p.min_p * probs[0]
+    keep = np.ones(xs.size, dtype=bool)
     if p.top_p < 1:
-        keep &= np.cumsum(probs) - probs < p.top_p
-    keep[0] = True
-    kept = int(np.argmin(keep)) if not keep.all() else probs.size
-    if kept < probs.size:
-        probs = probs[:kept] / probs_by_id[np.sort(order[:kept])].sum()
-    index = int(np.searchsorted(np.cumsum(probs), u, side="right"))
-    return int(ids[order[min(index, kept - 1)]])
+        order = np.lexsort((np.arange(xs.size), -xs))
+        limit = p.top_p * w.sum(dtype=np.float64)
+        before, keep[:] = 0.0, False
+        for i in order:  # best first, while the weight before it is under the limit
+            if keep.any() and before >= limit:
+                break
+            keep[i] = True
+            before += np.float64(w[i])
+    if p.min_p > 0:
+        keep &= w >= np.float32(p.min_p)
+    kept = np.flatnonzero(keep)
+    return int(ids[kept[_reference_draw(w[kept], u, sampling.BLOCK)]])
+
+
+def _reference_draw(w: np.ndarray, u: float, block: int) -> int:
+    """The first index whose cumulative weight exceeds u x the total, summed a block at a time."""
+    starts = range(0, w.size, block)
+    edges = np.cumsum([w[i: i + block].sum(dtype=np.float64) for i in starts])
+    target = u * edges[-1]
+    b = next((j for j, e in enumerate(edges) if e > target), len(edges) - 1)
+    before, run = (edges[b - 1] if b else 0.0), np.float64(0.0)
+    chunk = w[b * block: (b + 1) * block]
+    for i, x in enumerate(chunk):
+        run += np.float64(x)
+        if before + run > target:
+            return b * block + i
+    return b * block + chunk.size - 1
 
 
 # few distinct values, so ties (at the top-k cut, in the order, at a head's edge) are common
@@ -115,22 +130,39 @@ sampling_params = st.builds(
 
 
 @given(st.one_of(tied_logits, spread_logits), sampling_params, st.floats(0, 1, exclude_max=True),
-       st.sampled_from([(1,), (2, 5), (4, 16, 64)]))
+       st.sampled_from([(1,), (2, 5), (4, 16, 64)]), st.sampled_from([1, 3, 16, 1024]))
 @settings(max_examples=400, deadline=None)
-def test_pick_does_not_depend_on_the_heads_it_sorts(logits, params, u, heads):
-    expected = _reference_pick(logits, params, u)
-    for h in (heads, ()):
-        with _heads(h):
-            assert sampling.pick(logits, params, u) == expected
+def test_pick_is_its_definition_whatever_the_heads_and_blocks(logits, params, u, heads, block):
+    with _patched(BLOCK=block):
+        expected = _reference_pick(logits, params, u)
+        for h in (heads, ()):
+            with _patched(HEADS=h):
+                assert sampling.pick(logits, params, u) == expected
 
 
 @contextlib.contextmanager
-def _heads(heads):
-    saved, sampling.HEADS = sampling.HEADS, heads
+def _patched(**values):
+    saved = {k: getattr(sampling, k) for k in values}
+    for k, v in values.items():
+        setattr(sampling, k, v)
     try:
         yield
     finally:
-        sampling.HEADS = saved
+        for k, v in saved.items():
+            setattr(sampling, k, v)
+
+
+@given(st.lists(st.floats(-6, 6, width=32), min_size=1, max_size=40), st.sampled_from([1, 3, 1024]),
+       st.sampled_from([0.5, 1.0, 1.7]))
+@settings(max_examples=25, deadline=None)
+def test_draws_over_a_fine_grid_land_in_proportion_to_the_weights(xs, block, temperature):
+    logits = np.array(xs, dtype=np.float32)
+    w = np.exp((logits.astype(np.float64) - logits.max()) / temperature)
+    grid = (np.arange(4000) + 0.5) / 4000
+    with _patched(BLOCK=block):
+        counts = np.bincount([sampling.pick(logits, SamplingParams(temperature=temperature), u) for u in grid],
+                             minlength=logits.size)
+    assert np.abs(counts / grid.size - w / w.sum()).max() < 3e-4  # a grid step is 2.5e-4
 
 
 def test_top_k_ties_at_the_cut_go_to_the_lower_ids():
@@ -153,4 +185,4 @@ def test_a_big_vocabulary_pick_matches_the_whole_sort():
                 max_size=200))
 def test_the_whole_order_is_by_value_then_id(xs):
     x = np.array(xs, dtype=np.float32)
-    assert sampling._whole_order(x).tolist() == np.lexsort((np.arange(x.size), -x)).tolist()
+    assert sampling._best_first(x, x.size).tolist() == np.lexsort((np.arange(x.size), -x)).tolist()
