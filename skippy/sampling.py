@@ -3,8 +3,8 @@ depend on its batch-mates.
 
 Order, as llama.cpp's sampler chain: logit_bias, then the repetition penalty (llama.cpp's
 repeat_penalty over the last `repeat_last_n` tokens of prompt + output), then OpenAI's presence
-and frequency penalties (over this request's generated tokens), then temperature, top-k, min-p,
-top-p and the draw."""
+and frequency penalties (over this request's generated tokens), then top-k, temperature, top-p
+and min-p (both on the same weights) and the draw (see `pick`)."""
 
 from __future__ import annotations
 
