@@ -186,3 +186,10 @@ def test_a_big_vocabulary_pick_matches_the_whole_sort():
 def test_the_whole_order_is_by_value_then_id(xs):
     x = np.array(xs, dtype=np.float32)
     assert sampling._best_first(x, x.size).tolist() == np.lexsort((np.arange(x.size), -x)).tolist()
+
+
+@given(st.lists(st.sampled_from([-np.inf, -1.0, 0.0, 0.5, 2.0]), min_size=2, max_size=60), st.integers(1, 59))
+def test_top_k_ids_are_the_k_best_with_ties_to_the_lower_ids(xs, k):
+    x = np.array(xs, dtype=np.float32)
+    k = min(k, x.size - 1)
+    assert sampling.top_k_ids(x, k).tolist() == sorted(np.lexsort((np.arange(x.size), -x))[:k].tolist())

@@ -15,6 +15,8 @@ from typing import Sequence
 import attrs
 import numpy as np
 
+from ..sampling import top_k_ids
+
 MAX_TOP = 20  # alternatives per token (OpenAI's limit)
 _BLOCK = 32  # rows at a time: a 1024-token prompt's rows never need one big temporary
 
@@ -68,8 +70,7 @@ def row_logprobs(logits: np.ndarray, rows: np.ndarray, tokens: Sequence[int], to
             token, k = int(tokens[start + j]), int(tops[start + j])
             top: tuple[tuple[int, float], ...] = ()
             if k > 0:
-                k = min(k, xj.shape[0])
-                cand = np.argpartition(-xj, k - 1)[:k]
+                cand = top_k_ids(xj, k) if k < xj.shape[0] else np.arange(xj.shape[0])
                 cand = cand[np.lexsort((cand, -xj[cand]))]
                 top = tuple((int(c), float(xj[c]) - norm) for c in cand)
             out.append(TokenLogprob(token, float(xj[token]) - norm, top))
