@@ -241,7 +241,7 @@ def _top_p_kept(x: np.ndarray, w: np.ndarray, top_p: float) -> np.ndarray:
     """Local indices (ascending) of the best-first prefix whose predecessors weigh under top_p of the total."""
     limit = top_p * w.sum(dtype=np.float64)
     for size in (*(h for h in HEADS if h < x.size), x.size):
-        head = _best_first(x, size)
+        head = best_first(x, size)
         total = np.cumsum(w[head], dtype=np.float64)
         # the first whose predecessors' weight reaches the limit (the best has none, so it stays)
         cut = 1 + int(np.searchsorted(total[:-1], limit, side="left"))
@@ -258,7 +258,7 @@ def top_k_ids(x: np.ndarray, k: int) -> np.ndarray:
     return np.sort(np.concatenate((above, np.flatnonzero(x == kth)[: k - above.size])))
 
 
-def _best_first(x: np.ndarray, size: int) -> np.ndarray:
+def best_first(x: np.ndarray, size: int) -> np.ndarray:
     """Indices of at least the `size` largest of float32 `x` (all of a tie at the cut), by value then index:
     one sort of unique 64-bit keys (the float's bits made order-preserving, inverted for descending, above
     the index), 5x faster than numpy's two-key lexsort."""

@@ -185,7 +185,7 @@ def test_a_big_vocabulary_pick_matches_the_whole_sort():
                 max_size=200))
 def test_the_whole_order_is_by_value_then_id(xs):
     x = np.array(xs, dtype=np.float32)
-    assert sampling._best_first(x, x.size).tolist() == np.lexsort((np.arange(x.size), -x)).tolist()
+    assert sampling.best_first(x, x.size).tolist() == np.lexsort((np.arange(x.size), -x)).tolist()
 
 
 @given(st.lists(st.sampled_from([-np.inf, -1.0, 0.0, 0.5, 2.0]), min_size=2, max_size=60), st.integers(1, 59))

@@ -15,7 +15,7 @@ from typing import Sequence
 import attrs
 import numpy as np
 
-from ..sampling import top_k_ids
+from ..sampling import best_first
 
 MAX_TOP = 20  # alternatives per token (OpenAI's limit)
 _BLOCK = 32  # rows at a time: a 1024-token prompt's rows never need one big temporary
@@ -70,8 +70,7 @@ def row_logprobs(logits: np.ndarray, rows: np.ndarray, tokens: Sequence[int], to
             token, k = int(tokens[start + j]), int(tops[start + j])
             top: tuple[tuple[int, float], ...] = ()
             if k > 0:
-                cand = top_k_ids(xj, k) if k < xj.shape[0] else np.arange(xj.shape[0])
-                cand = cand[np.lexsort((cand, -xj[cand]))]
+                cand = best_first(xj, k)[:k]  # by logprob, then id
                 top = tuple((int(c), float(xj[c]) - norm) for c in cand)
             out.append(TokenLogprob(token, float(xj[token]) - norm, top))
     return out
