@@ -64,8 +64,8 @@ class SoakConfig:
     # 147 and 160 completions/s, and its speed drifts by up to 40% within an hour. At 0.7 (the old
     # default) and then at 0.5 of a fast calibration, a slow phase brought the arrivals to the
     # server's open-loop capacity: its CPU rose from 0.7 to 0.95 of a core at 80 arrivals/s, and
-    # the queue, not the server, set a growing p99 (CI minutes failed that way: 0.32 -> 1.72 ->
-    # 0.67 s at 0.7, 0.11 -> 0.25 -> 0.40 s at 0.5).
+    # the queue, not the server, set a growing p99 (one-minute soaks inside the full suite failed
+    # that way: 0.32 -> 1.72 -> 0.67 s at 0.7 on CI, 0.11 -> 0.25 -> 0.40 s at 0.5 on the box).
     load: float = 0.35
     calibrate_s: float = 6.0
     calibrate_clients: int = 32
