@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
-import subprocess
 import sys
+import tempfile
 import time
+from contextlib import AsyncExitStack
 from pathlib import Path
 
 import httpx
@@ -38,8 +38,8 @@ from bench.gate.client import completion_body, stream_completion  # noqa: E402
 from bench.gate.engines import ServerConfig, server_argv, tools_for  # noqa: E402
 from bench.gate.metrics import tpot  # noqa: E402
 from bench.gate.model import ModelSpec  # noqa: E402
-from bench.gate.procs import free_port  # noqa: E402
-from bench.profile_served import wait_healthy  # noqa: E402
+from bench.gate.procs import free_port, running_server  # noqa: E402
+from bench.gate.runner import scrape  # noqa: E402
 
 SERVED = ("skippy-fast", "llama-server")
 
@@ -89,62 +89,47 @@ async def loop_stream(rt, worker, prompt: list[int], n: int) -> tuple[float, flo
     return (time.perf_counter() - t0) / (n - 1), t_decode[0]
 
 
-async def decode_seconds(client: httpx.AsyncClient, url: str) -> float:
-    for line in (await client.get(f"{url}/metrics")).text.splitlines():
-        if line.startswith("skippy_step_decode_seconds_total "):
-            return float(line.split()[1])
-    return float("nan")
-
-
 async def run(a: argparse.Namespace) -> dict:
     cfg = ServerConfig(ModelSpec.resolve("smollm2", None), threads=a.threads, n_ctx=a.n_ctx)
     tools = tools_for(list(SERVED), batched_bench=False)
-    ports = {e: free_port() for e in SERVED}
-    procs = [subprocess.Popen(server_argv(e, cfg, ports[e], 1, tools)
-                              + (["--alias", "m"] if e == "llama-server" else ["--served-model-name", "m"]),
-                              cwd=ROOT, stderr=subprocess.DEVNULL) for e in SERVED]
     names = ["in-process", *SERVED]
     out: dict[str, list[tuple[float, float]]] = {e: [] for e in names}
-    try:
+    logs = Path(tempfile.mkdtemp(prefix="n1-inprocess-vs-served-"))
+    rng = np.random.default_rng(a.seed)
+    async with AsyncExitStack() as stack:
+        servers = {}
         for e in SERVED:
-            wait_healthy(f"http://127.0.0.1:{ports[e]}")
-        rng = np.random.default_rng(a.seed)
-        async with httpx.AsyncClient(timeout=120) as client:
-            if a.inprocess == "engine":
-                import skippy
+            port = free_port()
+            servers[e] = await stack.enter_async_context(
+                running_server(server_argv(e, cfg, port, 1, tools), port, logs / f"{e}.log"))
+        client = await stack.enter_async_context(httpx.AsyncClient(timeout=120))
+        if a.inprocess == "engine":
+            import skippy
 
-                cm = skippy.open_engine("smollm2", n_ctx=a.n_ctx, threads=a.threads, batch_invariant=False)
-                engine = await cm.__aenter__()
-                local = lambda p: engine_stream(engine, p, a.max_tokens)  # noqa: E731
-            else:
-                rt, worker = open_loop(a.n_ctx, a.threads)
-                local = lambda p: loop_stream(rt, worker, p, a.max_tokens)  # noqa: E731
-            try:
-                for r in range(a.rounds + 1):  # round 0 warms every engine up
-                    prompt = rng.integers(1000, 20000, size=128).tolist()
-                    for e in names[r % 3:] + names[: r % 3]:
-                        if e == "in-process":
-                            v, dec = await local(prompt)
-                        else:
-                            url = f"http://127.0.0.1:{ports[e]}"
-                            d0 = await decode_seconds(client, url) if e == "skippy-fast" else float("nan")
-                            rec = await stream_completion(client, url, completion_body("m", prompt, a.max_tokens, 0.0, 0),
-                                                          index=r, warmup=r == 0, t0=0.0)
-                            v = tpot(rec)
-                            dec = (await decode_seconds(client, url)) - d0 if e == "skippy-fast" else float("nan")
-                        if r > 0 and v is not None:
-                            out[e].append((v, dec))
-            finally:
-                if a.inprocess == "engine":
-                    await cm.__aexit__(None, None, None)
+            engine = await stack.enter_async_context(
+                skippy.open_engine("smollm2", n_ctx=a.n_ctx, threads=a.threads, batch_invariant=False))
+            local = lambda p: engine_stream(engine, p, a.max_tokens)  # noqa: E731
+        else:
+            rt, worker = open_loop(a.n_ctx, a.threads)
+            stack.callback(rt.close)
+            stack.callback(worker.close)  # callbacks run last first: the worker stops before its runtime closes
+            local = lambda p: loop_stream(rt, worker, p, a.max_tokens)  # noqa: E731
+        for r in range(a.rounds + 1):  # round 0 warms every engine up
+            prompt = rng.integers(1000, 20000, size=128).tolist()
+            for e in names[r % 3:] + names[: r % 3]:
+                if e == "in-process":
+                    v, dec = await local(prompt)
                 else:
-                    worker.close()
-                    rt.close()
-    finally:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
-            p.wait(60)
+                    srv = servers[e]
+                    before = await scrape(client, srv.url)
+                    rec = await stream_completion(client, srv.url, completion_body(srv.model_id, prompt, a.max_tokens, 0.0, 0),
+                                                  index=r, warmup=r == 0, t0=0.0)
+                    after = await scrape(client, srv.url)
+                    v, dec = tpot(rec), float("nan")
+                    if before is not None and after is not None and None not in (before.step_decode, after.step_decode):
+                        dec = after.step_decode - before.step_decode  # skippy's /metrics; llama-server has none
+                if r > 0 and v is not None:
+                    out[e].append((v, dec))
     base = float(np.median([v for v, _ in out["llama-server"]]))
     return {e: {"tpot_ms": round(1e3 * float(np.median([v for v, _ in xs])), 3),
                 "vs_llama_server": round(float(np.median([v for v, _ in xs])) / base, 3),
