@@ -261,7 +261,7 @@ def _serve_engine(args: argparse.Namespace, opener, host: str, port: int) -> int
         async with opener() as engine:
             names = ([args.served_model_name] if args.served_model_name else []) + default_model_names(
                 engine, [_alias(args), *args.alias])
-            app = create_app(engine, model_names=names, api_keys=_api_keys(args))
+            app = create_app(engine, model_names=names, api_keys=_api_keys(args), inline_writes=args.inline_writes)
             async with trio.open_nursery() as nursery:
                 binds = await nursery.start(lambda task_status: serve_app(
                     app, host, port, shutdown_trigger=wait_for_signal, deadline=args.shutdown_deadline,
@@ -466,6 +466,10 @@ def _add_server_options(parser: argparse.ArgumentParser, who: str = "") -> None:
                              "before it is read")
     parser.add_argument("--shutdown-deadline", type=float, default=30.0,
                         help=f"{who}seconds in-flight requests may take to finish after SIGINT/SIGTERM")
+    parser.add_argument("--inline-writes", action=argparse.BooleanOptionalAction, default=True,
+                        help=f"{who}write a streamed token's bytes from the engine step that produced it, on plain "
+                             "HTTP/1.1 (default: on); --no-inline-writes sends every chunk through the response's "
+                             "task and the ASGI stack (for comparison)")
 
 
 def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:

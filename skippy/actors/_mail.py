@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 import trio
+from loguru import logger
 
 T = TypeVar("T")
 
@@ -45,3 +46,31 @@ def poke(inbox: trio.MemorySendChannel, message: Any) -> None:
         inbox.send_nowait(message)
     except (trio.BrokenResourceError, trio.ClosedResourceError, trio.WouldBlock):
         pass
+
+
+class Tap:
+    """A request's sink while its reader takes events inline (GenerationStream.divert).
+
+    While `armed` (set by the reader just before it waits, with nothing queued), each event but the
+    last goes to `take` in the step that produced it, and the reader's task is never woken for it.
+    An event `take` refuses, and every one after it until the reader waits again with nothing
+    queued, goes to the channel as before: each event is taken or queued once, in order. `take`
+    must not raise; if it does, the tap stays disarmed for good (logged) and every event queues.
+    """
+
+    def __init__(self, take: Any, channel: trio.MemorySendChannel) -> None:
+        self.take, self.channel, self.armed = take, channel, False
+
+    def send_nowait(self, event: Any) -> None:
+        if self.armed and not event.final:
+            try:
+                if self.take(event):
+                    return
+            except Exception:
+                logger.opt(exception=True).error("an inline event reader failed; its events queue from now on")
+                self.take = None
+        self.armed = False
+        self.channel.send_nowait(event)
+
+    def close(self) -> None:
+        self.channel.close()

@@ -35,6 +35,7 @@ either way.
 
 from __future__ import annotations
 
+import contextvars
 import importlib.metadata
 import os
 import re
@@ -49,6 +50,9 @@ KNOWN_VERSIONS = ((0, 17), (0, 19))
 _REPLACED = ("_read_data", "_idle_timeout", "protocol_send")
 _CALLED = ("_initiate_server_close",)
 _MARK = "_skippy_patched"
+# the TCPServer whose connection the current task serves: set in its reading task, so the app task
+# that hypercorn spawns from there (trio copies the spawner's context) sees it (server._inline_writes)
+CONNECTION: contextvars.ContextVar[Any] = contextvars.ContextVar("skippy_connection", default=None)
 
 
 def _version_tuple(version: str) -> tuple[int, ...] | None:
@@ -65,6 +69,7 @@ def _peer_gone(server: Any) -> trio.Event:
 
 def _patched(original_read_data: Any) -> tuple[Any, Any]:
     async def _read_data(self: Any) -> None:
+        CONNECTION.set(self)
         try:
             await original_read_data(self)
         finally:

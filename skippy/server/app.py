@@ -28,6 +28,7 @@ from . import fields as F
 from . import protocol as P
 from . import structured as S
 from . import tokens as T
+from ._inline_writes import InlineWriter, counted
 from .auth import BearerAuth
 from .event_stream import EventStream
 from .logprob_shapes import ChoiceView, Pieces
@@ -37,8 +38,9 @@ from .metrics import CONTENT_TYPE, ServerMetrics
 class ServerState:
     """What the handlers share: the engine, served names, metrics, in-flight streams, draining."""
 
-    def __init__(self, engine: Any, model_names: Sequence[str]) -> None:
+    def __init__(self, engine: Any, model_names: Sequence[str], inline_writes: bool = True) -> None:
         self.engine = engine
+        self.inline_writes = inline_writes  # streamed tokens written from the step (_inline_writes)
         self.model_names = list(dict.fromkeys(model_names))
         self.local_sampling = _samples_locally(engine)
         self.created = int(time.time())
@@ -171,7 +173,8 @@ async def _generate(request: HttpRequest, kind: str) -> Response:
         return EventStream(S.tool_sse(state, streams, shape, call, t_arrival, rx.receive), headers=headers,
                            feeder=partial(_pump, streams, tx))
     if len(streams) == 1:
-        return EventStream(_sse(state, streams[0], shape, call, t_arrival, views=views), headers=headers)
+        return EventStream(_sse(state, streams[0], shape, call, t_arrival, views=views, scope=request.scope),
+                           headers=headers)
     tx, rx = trio.open_memory_channel(0)
     return EventStream(_sse(state, streams, shape, call, t_arrival, rx.receive, views), headers=headers,
                        feeder=partial(_pump, streams, tx))
@@ -274,13 +277,16 @@ async def _pump(streams: Sequence[Any], tx: trio.MemorySendChannel) -> None:
 
 async def _sse(state: ServerState, streams: Any, shape: P.ResponseShape, call: P.GenerateCall,
                t_arrival: float, receive: Callable[[], Awaitable[tuple[int, list[Any]]]] | None = None,
-               views: Sequence[ChoiceView] | None = None) -> AsyncIterator[bytes]:
+               views: Sequence[ChoiceView] | None = None, scope: dict[str, Any] | None = None
+               ) -> AsyncIterator[bytes]:
     """Streaming: chunks per token (each with its choice's index), usage last when asked, then [DONE].
     One stream is read directly; several come through `receive` (see `_pump`). The tokens that queued
     while the client was slow go out in one write, each once and in order. Being cancelled (the client
-    left: EventStream cancels us) cancels the requests."""
+    left: EventStream cancels us) cancels the requests. With the response's `scope`, one stream's
+    tokens are written from the step once the response has started, where `_inline_writes` applies."""
     streams = list(streams) if isinstance(streams, (list, tuple)) else [streams]
     k = len(streams)
+    writer: InlineWriter | None = None
     if receive is None:
         only = streams[0]
 
@@ -291,36 +297,58 @@ async def _sse(state: ServerState, streams: Any, shape: P.ResponseShape, call: P
     first = [True] * k
     finals: list[Any] = [None] * k
     encoders = [shape.text_event_encoder(call.include_usage, i) for i in range(k)]
+
+    def render(i: int, event: Any, now: float, out: list[bytes]) -> None:
+        t = timing[i]
+        if event.token is not None:
+            t[2] += 1
+            t[1] = now
+            t[0] = t[0] or now
+        if event.final:
+            return
+        if views is not None:  # logprobs or echo: each chunk rendered whole
+            out += _view_chunks(views[i], event, shape, call, first, i)
+        elif event.text:
+            out.append(encoders[i](event.text, first[i]))
+            first[i] = False
+
+    def render_one(event: Any) -> bytes:
+        out: list[bytes] = []
+        render(0, event, time.perf_counter(), out)
+        return b"".join(out)
+
+    def go_inline() -> InlineWriter | None:  # after a write: the response has started
+        if scope is None or k != 1 or not state.inline_writes:
+            return None
+        inline = InlineWriter.for_this_response(scope, render_one, counted(state.metrics))
+        if inline is not None:
+            streams[0].divert(inline.take)
+        return inline
+
     try:
         if call.kind == "chat":  # OpenAI opens a chat stream with the role
             yield P.sse_event(shape.chunk("", first=True, include_usage=call.include_usage))
             first[0] = False
+            writer = go_inline()
         done = 0
         while done < k:
             try:
                 i, events = await receive()
             except trio.EndOfChannel:
                 i, events = 0, []
+            if writer is not None:
+                await writer.flush()  # what the socket did not take of an inline write goes first
             if not events:  # ended without a final event: cancelled by shutdown
                 yield P.sse_event(P.shutting_down().body())
                 break
             now = time.perf_counter()
-            t = timing[i]
             out: list[bytes] = []
             final = None
             for event in events:
-                if event.token is not None:
-                    t[2] += 1
-                    t[1] = now
-                    t[0] = t[0] or now
+                render(i, event, now, out)
                 if event.final:
                     final = event
                     break
-                if views is not None:  # logprobs or echo: each chunk rendered whole
-                    out += _view_chunks(views[i], event, shape, call, first, i)
-                elif event.text:
-                    out.append(encoders[i](event.text, first[i]))
-                    first[i] = False
             failed = False
             if final is not None:
                 finals[i] = final
@@ -333,8 +361,11 @@ async def _sse(state: ServerState, streams: Any, shape: P.ResponseShape, call: P
                     out.append(P.sse_event(shape.usage_chunk(_usage(finals, call.n))))
             if out:
                 yield b"".join(out)
+                state.metrics.writes_task += 1
                 if events[0].t_sampled:  # the oldest token of this write: sampled -> its bytes written
                     state.metrics.delivery.observe(time.perf_counter() - events[0].t_sampled)
+                if writer is None and final is None:
+                    writer = go_inline()
             if failed:
                 break
         yield P.sse_event("[DONE]")
@@ -461,11 +492,12 @@ def default_model_names(engine: Any, aliases: Sequence[str] = ()) -> list[str]:
 
 
 def create_app(engine: Any, *, model_names: Sequence[str] | None = None,
-               api_keys: Sequence[str] | str | None = None) -> Starlette:
+               api_keys: Sequence[str] | str | None = None, inline_writes: bool = True) -> Starlette:
     """An OpenAI-compatible app over `engine`; `model_names[0]` is the id /v1/models lists first, and
     every name answers in `model`. With `api_keys`, every route but /health and /metrics needs
-    `Authorization: Bearer <one of them>`."""
-    state = ServerState(engine, model_names or default_model_names(engine))
+    `Authorization: Bearer <one of them>`. `inline_writes=False` sends every streamed chunk through the
+    response's task (see `_inline_writes`; served by hypercorn through `serve_app`, it is on by default)."""
+    state = ServerState(engine, model_names or default_model_names(engine), inline_writes)
     keys = [api_keys] if isinstance(api_keys, str) else list(api_keys or ())
     app = Starlette(
         routes=[

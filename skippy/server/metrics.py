@@ -96,10 +96,25 @@ def _invariance_gauge(engine: Any) -> GaugeMetricFamily:
     return gauge
 
 
+class _WritesCollector(Collector):
+    def __init__(self, metrics: "ServerMetrics") -> None:
+        self.metrics = metrics
+
+    def collect(self) -> Iterable[Metric]:
+        family = CounterMetricFamily("skippy_stream_writes", "Streamed SSE writes, by who made them: the engine "
+                                     "step (inline) or the response's task", labels=["path"])
+        family.add_metric(["inline"], self.metrics.writes_inline)
+        family.add_metric(["task"], self.metrics.writes_task)
+        yield family
+
+
 class ServerMetrics:
     def __init__(self, engine: Any) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_EngineCollector(engine))
+        self.writes_inline = 0  # plain counts (read at scrape time): a Counter's lock per token is not free
+        self.writes_task = 0
+        self.registry.register(_WritesCollector(self))
         self.ttft = Histogram("skippy_time_to_first_token_seconds",
                               "Seconds from a request's arrival at the server to its first token",
                               buckets=_TTFT_BUCKETS, registry=self.registry)

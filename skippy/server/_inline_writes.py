@@ -1,0 +1,105 @@
+"""A streamed response's token chunks written from the engine step that produced them.
+
+Streamed the ASGI way, each token wakes the response's task, resumes the SSE generator and goes down
+starlette's, hypercorn's and h11's send chain: about a quarter of the event loop's Python calls per
+token at N=1 (bench/results/inline-writes), CPU that a 2-core box takes from ggml's threads. Once the
+response has started, `InlineWriter.take` (a GenerationStream.divert target) renders the token's
+chunk, frames it as h11's body writer for this response would, and writes it to the socket at once.
+
+Why it stays exact:
+- It applies only to a plain-TCP HTTP/1.x connection served by skippy's patched hypercorn (the
+  connection is known from `_hypercorn_trio.CONNECTION`) whose response is sending a chunked or
+  HTTP/1.0 body; elsewhere (TLS, HTTP/2, no patch) `for_this_response` is None and nothing changes.
+- The tap hands it events only while the response's task waits with nothing queued, and it writes
+  only while the connection's send lock is free, so no write of the task's can be interleaved.
+- Bytes the socket does not take at once wait in `backlog`, and the writer refuses every event
+  after them: those queue for the task, which writes the backlog (`flush`) before its own bytes.
+- The last event always goes to the task, which ends the response as before. A peer that has gone
+  is left to the task too: its next write fails, and the disconnect watcher cancels the request.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import trio
+
+from ._hypercorn_trio import CONNECTION, _send_now
+
+
+def _framing(connection: Any) -> Callable[[bytes], bytes] | None:
+    """How h11 frames body bytes on `connection` now: chunked, or as-is for HTTP/1.0 (the same bytes
+    as its `send(Data(...))`, without its state machine's dozen calls per write), or None."""
+    import h11
+
+    try:
+        from h11._writers import ChunkedWriter, Http10Writer
+    except ImportError:  # h11 reorganised: leave every write to it
+        return None
+    if type(connection) is not h11.Connection or connection.our_state is not h11.SEND_BODY:
+        return None
+    writer = type(getattr(connection, "_writer", None))
+    if writer is ChunkedWriter:
+        return lambda body: b"%x\r\n%b\r\n" % (len(body), body)
+    if writer is Http10Writer:
+        return lambda body: body
+    return None
+
+
+class InlineWriter:
+    def __init__(self, server: Any, frame: Callable[[bytes], bytes], render: Callable[[Any], bytes],
+                 written: Callable[[Any], None]) -> None:
+        self._server, self._frame, self._render, self._written = server, frame, render, written
+        self.backlog = b""
+
+    @classmethod
+    def for_this_response(cls, scope: dict[str, Any], render: Callable[[Any], bytes],
+                          written: Callable[[Any], None]) -> "InlineWriter | None":
+        """The writer for the response the calling task is sending (it has started: its headers are
+        out), or None where this path does not apply."""
+        server = CONNECTION.get()
+        if server is None or scope.get("http_version") not in ("1.0", "1.1"):
+            return None
+        if type(getattr(server, "stream", None)) is not trio.SocketStream:  # TLS and the like
+            return None
+        frame = _framing(getattr(getattr(getattr(server, "protocol", None), "protocol", None), "connection", None))
+        return None if frame is None else cls(server, frame, render, written)
+
+    def take(self, event: Any) -> bool:
+        """Write `event`'s chunk now (True), or leave it to the response's task (False)."""
+        if self.backlog or self._server.send_lock.locked():
+            return False
+        body = self._render(event)
+        if not body:  # e.g. a token held back while it may begin a stop string
+            return True
+        data = self._frame(body)
+        try:
+            sent = _send_now(self._server.stream, data)
+        except trio.BrokenResourceError:
+            sent = 0  # the peer has gone: the task's write of the backlog finds out
+        if sent < len(data):
+            self.backlog = data[sent:]
+        self._written(event)
+        return True
+
+    async def flush(self) -> None:
+        """Write the backlog, waiting for the socket to take it (the response's task, first thing)."""
+        if self.backlog:
+            from hypercorn.events import RawData
+
+            data, self.backlog = self.backlog, b""
+            await self._server.protocol_send(RawData(data=data))
+
+
+def counted(metrics: Any) -> Callable[[Any], None]:
+    """What an inline write tells the server's metrics: one more inline write, and its token's
+    sampling -> bytes written (the delivery histogram)."""
+    observe = metrics.delivery.observe
+
+    def written(event: Any) -> None:
+        metrics.writes_inline += 1
+        if event.t_sampled:
+            observe(time.perf_counter() - event.t_sampled)
+
+    return written

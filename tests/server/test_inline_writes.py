@@ -1,0 +1,176 @@
+"""Streamed tokens written from the engine step (server._inline_writes), over real loopback sockets
+and the real engine on a FakeRuntime (scheduler and protocol plumbing, no llama claim): the same
+bytes as the response's task writes, every token once and in order for a client that does not read,
+a client that leaves frees its request, HTTP/1.0 bodies, and the switch that turns it off."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+from contextlib import asynccontextmanager
+from functools import partial
+
+import h11
+import httpx
+import pytest
+import trio
+
+import skippy
+from skippy.server import _inline_writes, create_app, serve_app
+
+from ._live import ENGINE, metric
+from .test_api_fields import P1, fake_server, sse_data, text_of
+
+pytestmark = pytest.mark.server
+
+BODY = {"model": "m", "prompt": P1, "temperature": 0, "ignore_eos": True, "stream": True}
+
+
+def _writes(text: str) -> tuple[float, float]:
+    return (metric(text, "skippy_stream_writes_total", 'path="inline"'),
+            metric(text, "skippy_stream_writes_total", 'path="task"'))
+
+
+def _comparable(raw: str) -> str:
+    return re.sub(r'"(id|created)": ("[^"]*"|\d+)', "", raw)
+
+
+async def test_inline_writes_send_the_same_bytes_as_the_task_and_most_tokens_go_inline():
+    raws, counts = {}, {}
+    for inline in (True, False):
+        with trio.fail_after(20):
+            async with fake_server(inline_writes=inline) as (http, rt, _):
+                async with http.stream("POST", "/v1/completions", json={**BODY, "max_tokens": 60}) as r:
+                    assert r.status_code == 200
+                    raws[inline] = (await r.aread()).decode()
+                counts[inline] = _writes((await http.get("/metrics")).text)
+    assert _comparable(raws[True]) == _comparable(raws[False])
+    chunks = sse_data(raws[True])
+    assert "".join(c["choices"][0]["text"] for c in chunks) == text_of(rt, rt.solo(P1, 60))
+    assert counts[False][0] == 0
+    assert counts[True][0] >= 30  # the reader waited between steps: most tokens went out inline
+    assert counts[True][1] < counts[False][1]
+
+
+@asynccontextmanager
+async def synth_server(path, **app_options):
+    async with skippy.open_engine(path, **ENGINE) as engine:
+        app = create_app(engine, model_names=["m"], **app_options)
+        async with trio.open_nursery() as nursery:
+            (url,) = await nursery.start(partial(serve_app, app, "127.0.0.1", 0))
+            async with httpx.AsyncClient(base_url=url, timeout=20) as http:
+                yield http
+            nursery.cancel_scope.cancel()
+
+
+async def test_a_chat_stream_with_logprobs_and_usage_is_the_same_inline(synth_model_path):
+    """The role chunk starts the response; logprob chunks are rendered per token (a real tiny model
+    with a chat template)."""
+    body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "temperature": 0,
+            "stream": True, "logprobs": True, "top_logprobs": 2, "stream_options": {"include_usage": True}}
+    raws, counts = {}, {}
+    for inline in (True, False):
+        with trio.fail_after(60):
+            async with synth_server(synth_model_path("llama"), inline_writes=inline) as http:
+                async with http.stream("POST", "/v1/chat/completions", json=body) as r:
+                    assert r.status_code == 200
+                    raws[inline] = (await r.aread()).decode()
+                counts[inline] = _writes((await http.get("/metrics")).text)
+    assert _comparable(raws[True]) == _comparable(raws[False])
+    chunks = sse_data(raws[True])
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant" and chunks[-1]["usage"]["completion_tokens"] > 0
+    assert all(c["choices"][0]["logprobs"]["content"] for c in chunks[1:-2])
+    assert counts[False][0] == 0 and counts[True][0] >= 10
+
+
+async def _raw_request(url: str, body: dict, http_version: str = "1.1", rcvbuf: int | None = None):
+    host, port = url.removeprefix("http://").split(":")
+    sock = trio.socket.socket()
+    if rcvbuf is not None:  # before connecting, so the window it advertises is small from the start
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    await sock.connect((host, int(port)))
+    stream = trio.SocketStream(sock)
+    data = json.dumps(body).encode()
+    await stream.send_all(b"POST /v1/completions HTTP/%s\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Content-Length: %d\r\n\r\n%s" % (http_version.encode(), len(data), data))
+    return stream
+
+
+async def _read_response(stream: trio.SocketStream) -> tuple[h11.Response, bytes]:
+    client = h11.Connection(h11.CLIENT)
+    client.send(h11.Request(method="POST", target="/", headers=[("Host", "x"), ("Content-Length", "0")]))
+    client.send(h11.EndOfMessage())
+    response, body = None, b""
+    while True:
+        event = client.next_event()
+        if event is h11.NEED_DATA:
+            client.receive_data(await stream.receive_some(65536))
+        elif isinstance(event, h11.Response):
+            response = event
+        elif isinstance(event, h11.Data):
+            body += event.data
+        elif isinstance(event, h11.EndOfMessage):
+            return response, body
+
+
+async def test_a_client_that_does_not_read_gets_every_token_once_in_order(monkeypatch):
+    partial = []
+    real = _inline_writes._send_now
+
+    def spy(stream, data):
+        sent = real(stream, data)
+        if sent < len(data):
+            partial.append((sent, len(data)))
+        return sent
+
+    monkeypatch.setattr(_inline_writes, "_send_now", spy)
+    n = 480
+    with trio.fail_after(30):
+        async with fake_server() as (http, rt, app):
+            engine = app.state.server.engine
+            stream = await _raw_request(http.base_url.__str__().rstrip("/"), {**BODY, "max_tokens": n}, rcvbuf=4096)
+            async with stream:
+                while engine.stats().finished.get("length", 0) == 0:  # the client reads nothing meanwhile
+                    await trio.sleep(0.01)
+                await trio.sleep(0.05)
+                response, body = await _read_response(stream)
+            inline, task = _writes((await http.get("/metrics")).text)
+    assert response.status_code == 200
+    chunks = sse_data(body.decode())
+    assert "".join(c["choices"][0]["text"] for c in chunks) == text_of(rt, rt.solo(P1, n))  # once, in order
+    assert chunks[-1]["choices"][0]["finish_reason"] == "length"
+    assert partial, "the socket never refused a write: the backlog path was not exercised"
+    assert inline >= 1 and task >= 2  # inline until the socket filled, the task's coalesced writes after
+
+
+async def test_a_client_that_leaves_during_inline_writes_frees_its_request():
+    with trio.fail_after(20):
+        async with fake_server() as (http, rt, app):
+            engine = app.state.server.engine
+            stream = await _raw_request(str(http.base_url).rstrip("/"), {**BODY, "max_tokens": 480})
+            seen = b""
+            while seen.count(b"data: ") < 5:
+                seen += await stream.receive_some(4096)
+            await stream.aclose()
+            while engine.live or engine.stats().running:
+                await trio.sleep(0.01)
+            inline, _ = _writes((await http.get("/metrics")).text)
+            assert engine.stats().finished.get("length", 0) == 0  # cancelled, not run to the end
+    assert inline >= 1
+
+
+async def test_an_http_1_0_client_gets_its_body_unchunked_and_inline():
+    with trio.fail_after(20):
+        async with fake_server() as (http, rt, _):
+            stream = await _raw_request(str(http.base_url).rstrip("/"), {**BODY, "max_tokens": 40}, http_version="1.0")
+            raw = b""
+            async with stream:  # HTTP/1.0: no chunks, the SSE bytes as they are (read up to [DONE])
+                while not raw.endswith(b"data: [DONE]\r\n\r\n"):
+                    raw += await stream.receive_some(65536)
+            inline, _ = _writes((await http.get("/metrics")).text)
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in head.lower()
+    chunks = sse_data(body.decode())
+    assert "".join(c["choices"][0]["text"] for c in chunks) == text_of(rt, rt.solo(P1, 40))
+    assert inline >= 20
