@@ -1,7 +1,8 @@
 """Streamed tokens written from the engine step (server._inline_writes), over real loopback sockets
 and the real engine on a FakeRuntime (scheduler and protocol plumbing, no llama claim): the same
 bytes as the response's task writes, every token once and in order for a client that does not read,
-a client that leaves frees its request, HTTP/1.0 bodies, and the switch that turns it off."""
+a client that leaves frees its request, HTTP/1.0 bodies, the switch that turns it off; and a client
+that asked for the close (HTTP/1.0, Connection: close) gets it after the stream, on either path."""
 
 from __future__ import annotations
 
@@ -84,7 +85,8 @@ async def test_a_chat_stream_with_logprobs_and_usage_is_the_same_inline(synth_mo
     assert counts[False][0] == 0 and counts[True][0] >= 10
 
 
-async def _raw_request(url: str, body: dict, http_version: str = "1.1", rcvbuf: int | None = None):
+async def _raw_request(url: str, body: dict, http_version: str = "1.1", rcvbuf: int | None = None,
+                       extra: bytes = b""):
     host, port = url.removeprefix("http://").split(":")
     sock = trio.socket.socket()
     if rcvbuf is not None:  # before connecting, so the window it advertises is small from the start
@@ -93,7 +95,7 @@ async def _raw_request(url: str, body: dict, http_version: str = "1.1", rcvbuf: 
     stream = trio.SocketStream(sock)
     data = json.dumps(body).encode()
     await stream.send_all(b"POST /v1/completions HTTP/%s\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          b"Content-Length: %d\r\n\r\n%s" % (http_version.encode(), len(data), data))
+                          b"%sContent-Length: %d\r\n\r\n%s" % (http_version.encode(), extra, len(data), data))
     return stream
 
 
@@ -160,17 +162,37 @@ async def test_a_client_that_leaves_during_inline_writes_frees_its_request():
     assert inline >= 1
 
 
-async def test_an_http_1_0_client_gets_its_body_unchunked_and_inline():
+@pytest.mark.parametrize("inline", [True, False])
+@pytest.mark.parametrize("version, extra", [("1.0", b""), ("1.1", b"Connection: close\r\n")])
+async def test_a_client_that_asked_for_the_close_gets_it_after_the_stream(version, extra, inline):
+    """The body of an HTTP/1.0 stream ends where the server closes. It never closed: hypercorn says
+    http.disconnect to the app while it closes the connection inside the app's last send, and
+    EventStream's disconnect watcher cancelled that close. Both write paths."""
     with trio.fail_after(20):
-        async with fake_server() as (http, rt, _):
-            stream = await _raw_request(str(http.base_url).rstrip("/"), {**BODY, "max_tokens": 40}, http_version="1.0")
+        async with fake_server(inline_writes=inline) as (http, rt, _):
+            stream = await _raw_request(str(http.base_url).rstrip("/"), {**BODY, "max_tokens": 40},
+                                        http_version=version, extra=extra)
             raw = b""
-            async with stream:  # HTTP/1.0: no chunks, the SSE bytes as they are (read up to [DONE])
-                while not raw.endswith(b"data: [DONE]\r\n\r\n"):
-                    raw += await stream.receive_some(65536)
-            inline, _ = _writes((await http.get("/metrics")).text)
+            async with stream:
+                while chunk := await stream.receive_some(65536):
+                    raw += chunk
+            inline_writes, _ = _writes((await http.get("/metrics")).text)
     head, _, body = raw.partition(b"\r\n\r\n")
-    assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding" not in head.lower()
+    assert head.startswith(b"HTTP/1.1 200")
+    if version == "1.0":  # no chunks: the SSE bytes as they are
+        assert b"transfer-encoding" not in head.lower()
+    else:
+        body = b"".join(_unchunk(body))
     chunks = sse_data(body.decode())
     assert "".join(c["choices"][0]["text"] for c in chunks) == text_of(rt, rt.solo(P1, 40))
-    assert inline >= 20
+    assert (inline_writes >= 20) if inline else inline_writes == 0
+
+
+def _unchunk(body: bytes):
+    while True:
+        size, _, rest = body.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return
+        yield rest[:n]
+        body = rest[n + 2:]
