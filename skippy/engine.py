@@ -479,6 +479,12 @@ class Engine:
         return self.runtime.tokenize(text, add_special)
 
     @property
+    def step_in_flight(self) -> bool:
+        """Whether the next step already computes while the last one's tokens are routed (chained
+        decoding): what a token's reader does now overlaps the decode instead of delaying its launch."""
+        return self._owner.computing
+
+    @property
     def live(self) -> int:
         """Requests generated and not yet finished (queued or running): a load figure."""
         return len(self._live)

@@ -35,6 +35,11 @@ class RuntimeOwner:
         self._launched: list[Job] = []  # steps started and not yet collected (they hold the lock)
         self._last: StepResult | None = None  # the last launched step's result (worker thread only)
 
+    @property
+    def computing(self) -> bool:
+        """A launched step is in the worker's hands (chained decoding): work done now overlaps it."""
+        return bool(self._launched)
+
     async def run(self) -> None:
         async with self.inbox:
             async for msg in self.inbox:

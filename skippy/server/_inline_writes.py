@@ -16,6 +16,11 @@ Why it stays exact:
   after them: those queue for the task, which writes the backlog (`flush`) before its own bytes.
 - The last event always goes to the task, which ends the response as before. A peer that has gone
   is left to the task too: its next write fails, and the disconnect watcher cancels the request.
+
+When: only while the engine's next step already computes (`Engine.step_in_flight`: chained decoding,
+e.g. every token but the first and last at N=1). A step that is not chained is launched after its
+predecessor's tokens are routed, so a write made then would delay the decode, where the woken
+task's write runs beside it on a box with a core to spare. Those tokens take the task path.
 """
 
 from __future__ import annotations
@@ -49,13 +54,14 @@ def _framing(connection: Any) -> Callable[[bytes], bytes] | None:
 
 class InlineWriter:
     def __init__(self, server: Any, frame: Callable[[bytes], bytes], render: Callable[[Any], bytes],
-                 written: Callable[[Any], None]) -> None:
+                 written: Callable[[Any], None], overlapped: Callable[[], bool]) -> None:
         self._server, self._frame, self._render, self._written = server, frame, render, written
+        self._overlapped = overlapped
         self.backlog = b""
 
     @classmethod
     def for_this_response(cls, scope: dict[str, Any], render: Callable[[Any], bytes],
-                          written: Callable[[Any], None]) -> "InlineWriter | None":
+                          written: Callable[[Any], None], overlapped: Callable[[], bool]) -> "InlineWriter | None":
         """The writer for the response the calling task is sending (it has started: its headers are
         out), or None where this path does not apply."""
         server = CONNECTION.get()
@@ -64,11 +70,11 @@ class InlineWriter:
         if type(getattr(server, "stream", None)) is not trio.SocketStream:  # TLS and the like
             return None
         frame = _framing(getattr(getattr(getattr(server, "protocol", None), "protocol", None), "connection", None))
-        return None if frame is None else cls(server, frame, render, written)
+        return None if frame is None else cls(server, frame, render, written, overlapped)
 
     def take(self, event: Any) -> bool:
         """Write `event`'s chunk now (True), or leave it to the response's task (False)."""
-        if self.backlog or self._server.send_lock.locked():
+        if self.backlog or not self._overlapped() or self._server.send_lock.locked():
             return False
         body = self._render(event)
         if not body:  # e.g. a token held back while it may begin a stop string

@@ -19,6 +19,7 @@ import trio
 
 import skippy
 from skippy.server import _inline_writes, create_app, serve_app
+from skippy.testing import FakeRuntime, open_fake_engine
 
 from ._live import ENGINE, metric
 from .test_api_fields import P1, fake_server, sse_data, text_of
@@ -52,6 +53,25 @@ async def test_inline_writes_send_the_same_bytes_as_the_task_and_most_tokens_go_
     assert counts[False][0] == 0
     assert counts[True][0] >= 30  # the reader waited between steps: most tokens went out inline
     assert counts[True][1] < counts[False][1]
+
+
+async def test_tokens_of_steps_that_are_not_chained_go_through_the_task():
+    """Unchained, a step is launched after its predecessor's tokens are routed: a write then would
+    delay the decode, so the task writes them (beside the decode, on a box with a core to spare)."""
+    rt = FakeRuntime(n_ctx=512, n_batch=32, n_seq_max=8, n_vocab=64)
+    with trio.fail_after(20):
+        async with open_fake_engine(rt, overlap_steps=False) as engine:
+            app = create_app(engine, model_names=["m"])
+            async with trio.open_nursery() as nursery:
+                (url,) = await nursery.start(partial(serve_app, app, "127.0.0.1", 0))
+                async with httpx.AsyncClient(base_url=url, timeout=20) as http:
+                    async with http.stream("POST", "/v1/completions", json={**BODY, "max_tokens": 60}) as r:
+                        raw = (await r.aread()).decode()
+                    inline, task = _writes((await http.get("/metrics")).text)
+                nursery.cancel_scope.cancel()
+    chunks = sse_data(raw)
+    assert "".join(c["choices"][0]["text"] for c in chunks) == text_of(rt, rt.solo(P1, 60))
+    assert inline == 0 and task > 0
 
 
 @asynccontextmanager
