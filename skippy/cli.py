@@ -467,9 +467,9 @@ def _add_server_options(parser: argparse.ArgumentParser, who: str = "") -> None:
     parser.add_argument("--shutdown-deadline", type=float, default=30.0,
                         help=f"{who}seconds in-flight requests may take to finish after SIGINT/SIGTERM")
     parser.add_argument("--inline-writes", action=argparse.BooleanOptionalAction, default=True,
-                        help=f"{who}write a streamed token's bytes from the engine step that produced it, on plain "
-                             "HTTP/1.1 (default: on); --no-inline-writes sends every chunk through the response's "
-                             "task and the ASGI stack (for comparison)")
+                        help=f"{who}write a streamed token's bytes from the engine step that produced it while "
+                             "the next step computes, on plain-TCP HTTP/1.x (default: on); --no-inline-writes sends "
+                             "every chunk through the response's task and the ASGI stack (for comparison)")
 
 
 def _add_pipeline_options(parser: argparse.ArgumentParser) -> None:
