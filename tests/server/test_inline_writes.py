@@ -216,3 +216,29 @@ def _unchunk(body: bytes):
             return
         yield rest[:n]
         body = rest[n + 2:]
+
+
+@pytest.mark.parametrize("argv, expected", [([], True), (["--no-inline-writes"], False)])
+def test_skippy_serve_passes_its_inline_writes_switch_to_the_app(monkeypatch, argv, expected):
+    """`skippy serve` (and `skippy pipeline`, through the same server options) hands --inline-writes
+    to create_app; the engine here is a stand-in, since nothing is served."""
+    from skippy import cli, server
+
+    seen = {}
+
+    class Stop(Exception):
+        pass
+
+    def create_app(engine, **kwargs):
+        seen.update(kwargs)
+        raise Stop
+
+    @asynccontextmanager
+    async def opener():
+        yield type("E", (), {"model_name": "m"})()
+
+    monkeypatch.setattr(server, "create_app", create_app)
+    args = cli._parser().parse_args(["serve", *argv])
+    with pytest.raises(Stop):
+        cli._serve_engine(args, opener, "127.0.0.1", 0)
+    assert seen["inline_writes"] is expected
