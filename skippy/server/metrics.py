@@ -101,8 +101,9 @@ class _WritesCollector(Collector):
         self.metrics = metrics
 
     def collect(self) -> Iterable[Metric]:
-        family = CounterMetricFamily("skippy_stream_writes", "Streamed SSE writes, by who made them: the engine "
-                                     "step (inline) or the response's task", labels=["path"])
+        family = CounterMetricFamily("skippy_stream_writes", "Writes of streamed completion chunks (tool-call "
+                                     "streams aside), by who made them: the engine step (inline) or the "
+                                     "response's task", labels=["path"])
         family.add_metric(["inline"], self.metrics.writes_inline)
         family.add_metric(["task"], self.metrics.writes_task)
         yield family
