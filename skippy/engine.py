@@ -484,6 +484,12 @@ class Engine:
         decoding): what a token's reader does now overlaps the decode instead of delaying its launch."""
         return self._owner.computing
 
+    def after_next_step_start(self, fn: Callable[[], None]) -> None:
+        """Run `fn` (sync, quick) once, right after the engine hands its next step to the worker thread,
+        or before it waits with no step to run: a token's reader that is called while no step computes
+        (`step_in_flight` false) does its work there, beside the decode instead of before it."""
+        self._owner.after_next_start(fn)
+
     @property
     def live(self) -> int:
         """Requests generated and not yet finished (queued or running): a load figure."""

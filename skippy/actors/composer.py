@@ -48,6 +48,7 @@ class ComposerActor:
                 woken = self._drain()  # wake-ups that arrived while stepping: this step sees their cause
                 report = await self._drive(self.scheduler.step(woken))
                 if report is None:  # no decode ran (the step's one yield point): let the others run
+                    self.runtime.run_deferred()
                     await trio.lowlevel.checkpoint()
                 elif self.on_step is not None:
                     self.on_step(report)
@@ -81,6 +82,7 @@ class ComposerActor:
                 deliver(e.request.sink, e.event)
             return None
         if isinstance(effect, Idle):  # wait for a submission or cancellation, or poll
+            self.runtime.run_deferred()  # no step to overlap: now
             if effect.poll is None:
                 self.parked.set()
             with trio.move_on_after(math.inf if effect.poll is None else effect.poll):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
+from typing import Callable
 
 import numpy as np
 import trio
@@ -34,11 +35,25 @@ class RuntimeOwner:
         self._lock = trio.Lock()
         self._launched: list[Job] = []  # steps started and not yet collected (they hold the lock)
         self._last: StepResult | None = None  # the last launched step's result (worker thread only)
+        self._deferred: list[Callable[[], None]] = []  # run once the next step is in the worker's hands
 
     @property
     def computing(self) -> bool:
         """A launched step is in the worker's hands (chained decoding): work done now overlaps it."""
         return bool(self._launched)
+
+    def after_next_start(self, fn: Callable[[], None]) -> None:
+        """Run `fn` once, right after the next step is handed to the worker thread (or before the
+        composer yields without one): sync work that should overlap the decode, not delay it."""
+        self._deferred.append(fn)
+
+    def run_deferred(self) -> None:
+        fns, self._deferred = self._deferred, []
+        for fn in fns:
+            try:
+                fn()
+            except Exception:  # a caller's bug must not take the step loop down
+                logger.opt(exception=True).error("work deferred to the next step's start failed")
 
     async def run(self) -> None:
         async with self.inbox:
@@ -53,6 +68,7 @@ class RuntimeOwner:
                 await self._acquire()
             job = self.worker.start(partial(self._run_launched, what))
             self._launched.append(job)
+            self.run_deferred()
             return job
         if isinstance(what, Collect):
             try:
@@ -66,7 +82,9 @@ class RuntimeOwner:
         await self._acquire()
         try:
             if isinstance(what, Decode):
-                return await self.worker.run(lambda: execute(self.runtime, what), on_cancel=self.runtime.abort)
+                job = self.worker.start(lambda: execute(self.runtime, what))
+                self.run_deferred()
+                return await job.result(self.runtime.abort)
             if isinstance(what, FreeCells):
                 for s in what.seq_ids:
                     self.runtime.seq_rm(s)

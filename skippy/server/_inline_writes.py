@@ -17,10 +17,11 @@ Why it stays exact:
 - The last event always goes to the task, which ends the response as before. A peer that has gone
   is left to the task too: its next write fails, and the disconnect watcher cancels the request.
 
-When: only while the engine's next step already computes (`Engine.step_in_flight`: chained decoding,
-e.g. every token but the first and last at N=1). A step that is not chained is launched after its
-predecessor's tokens are routed, so a write made then would delay the decode, where the woken
-task's write runs beside it on a box with a core to spare. Those tokens take the task path.
+When: while the engine's next step already computes (`Engine.step_in_flight`: chained decoding,
+e.g. every token but the first and last at N=1), at once. Otherwise the next step is composed and
+launched after its predecessor's tokens are routed, and a write made then would delay its decode:
+the bytes wait in the backlog and go out right after the engine hands that step to the worker
+(`Engine.after_next_step_start`), all of that step's streams in one pass, beside the decode.
 """
 
 from __future__ import annotations
@@ -54,14 +55,17 @@ def _framing(connection: Any) -> Callable[[bytes], bytes] | None:
 
 class InlineWriter:
     def __init__(self, server: Any, frame: Callable[[bytes], bytes], render: Callable[[Any], bytes],
-                 written: Callable[[Any], None], overlapped: Callable[[], bool]) -> None:
+                 written: Callable[[Any], None], engine: Any) -> None:
         self._server, self._frame, self._render, self._written = server, frame, render, written
-        self._overlapped = overlapped
-        self.backlog = b""
+        self._engine = engine
+        self.backlog = b""  # rendered, not written yet: deferred to the next step's start, or refused
+        self._refused = False  # the socket did not take all of it: the response's task writes it
+        self._deferred: list[Any] = []  # the events whose bytes wait for the next step's start
+        self._write_deferred = self.write_deferred  # one bound method, handed to the engine per step
 
     @classmethod
     def for_this_response(cls, scope: dict[str, Any], render: Callable[[Any], bytes],
-                          written: Callable[[Any], None], overlapped: Callable[[], bool]) -> "InlineWriter | None":
+                          written: Callable[[Any], None], engine: Any) -> "InlineWriter | None":
         """The writer for the response the calling task is sending (it has started: its headers are
         out), or None where this path does not apply."""
         server = CONNECTION.get()
@@ -70,32 +74,53 @@ class InlineWriter:
         if type(getattr(server, "stream", None)) is not trio.SocketStream:  # TLS and the like
             return None
         frame = _framing(getattr(getattr(getattr(server, "protocol", None), "protocol", None), "connection", None))
-        return None if frame is None else cls(server, frame, render, written, overlapped)
+        return None if frame is None else cls(server, frame, render, written, engine)
 
     def take(self, event: Any) -> bool:
-        """Write `event`'s chunk now (True), or leave it to the response's task (False)."""
-        if self.backlog or not self._overlapped() or self._server.send_lock.locked():
+        """Write `event`'s chunk now or once the next step starts (True), or leave it to the
+        response's task (False)."""
+        if self._refused or self._server.send_lock.locked():
             return False
         body = self._render(event)
         if not body:  # e.g. a token held back while it may begin a stop string
             return True
-        data = self._frame(body)
+        self.backlog += self._frame(body)
+        if self._engine.step_in_flight:  # chained: the next decode already computes
+            self._write(event)
+        else:  # the next step is composed after this: write once it computes
+            if not self._deferred:
+                self._engine.after_next_step_start(self._write_deferred)
+            self._deferred.append(event)
+        return True
+
+    def write_deferred(self) -> None:
+        events, self._deferred = self._deferred, []
+        if self.backlog and not self._refused:
+            if self._server.send_lock.locked():  # the task is writing: it takes the rest
+                self._refused = True
+                return
+            self._write(*events)
+
+    def _write(self, *events: Any) -> None:
+        data, self.backlog = self.backlog, b""
         try:
             sent = _send_now(self._server.stream, data)
         except trio.BrokenResourceError:
             sent = 0  # the peer has gone: the task's write of the backlog finds out
         if sent < len(data):
-            self.backlog = data[sent:]
-        self._written(event)
-        return True
+            self.backlog, self._refused = data[sent:], True
+        for event in events:
+            self._written(event)
 
     async def flush(self) -> None:
         """Write the backlog, waiting for the socket to take it (the response's task, first thing)."""
+        self._deferred = []
         if self.backlog:
             from hypercorn.events import RawData
 
             data, self.backlog = self.backlog, b""
             await self._server.protocol_send(RawData(data=data))
+        self._refused = False
 
 
 def counted(metrics: Any) -> Callable[[Any], None]:

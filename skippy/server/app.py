@@ -320,8 +320,7 @@ async def _sse(state: ServerState, streams: Any, shape: P.ResponseShape, call: P
     def go_inline() -> InlineWriter | None:  # after a write: the response has started
         if scope is None or k != 1 or not state.inline_writes:
             return None
-        inline = InlineWriter.for_this_response(scope, render_one, counted(state.metrics),
-                                                 lambda: state.engine.step_in_flight)
+        inline = InlineWriter.for_this_response(scope, render_one, counted(state.metrics), state.engine)
         if inline is not None:
             streams[0].divert(inline.take)
         return inline
