@@ -1,15 +1,16 @@
 """Python calls per streamed token on `skippy serve`'s event loop: an exact count where time is noise.
 
-    python bench/profile_calls.py --out bench/results/n1-lean-path/calls [--skippy-args="--no-batch-invariant"]
+    python bench/profile_calls.py --out bench/results/n1-lean-path/calls [--skippy-args="--no-batch-invariant"] [--sessions N]
 
 On a 2-core box every call the event loop makes per token is CPU taken from a compute thread,
 and timings there drift by 20-30% between runs; a call count does not. The server runs with
 cProfile on its event-loop thread (cProfile follows only the thread that enables it), enabled
 from the second streamed request on (the first warms up), over `--requests` streams of
-`--max-tokens` tokens, one at a time. Counts are exact; cProfile counts each resumption of a
-coroutine or generator as a call. Writes `<out>/calls.json` and `<out>/calls.md`: calls per
-token in total, by package, and the functions that make the most. Microseconds are cProfile's,
-inflated by its own overhead: for ranking, not for budgets.
+`--max-tokens` tokens, one at a time (or `--sessions` streams at once, each running `--requests`).
+Counts are exact; cProfile counts each resumption of a coroutine or generator as a call. Writes
+`<out>/calls.json` and `<out>/calls.md`: calls per token in total, by package, and the functions
+that make the most. Microseconds are cProfile's, inflated by its own overhead: for ranking, not
+for budgets.
 """
 
 from __future__ import annotations
@@ -94,6 +95,7 @@ def main() -> int:
     add_server_options(p)
     p.add_argument("--out", required=True)
     p.add_argument("--keep-prof", action="store_true", help="keep <out>/event-loop.prof (pstats) for a closer look")
+    p.add_argument("--sessions", type=int, default=1, help="streams at once, each running --requests in turn")
     a = p.parse_args()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -107,7 +109,7 @@ def main() -> int:
     try:
         wait_healthy(url)
         trio.run(drive, url, 1, 1, 8, a.prompt_len)  # the warm-up stream: not profiled
-        records = trio.run(drive, url, 1, a.requests, a.max_tokens, a.prompt_len)
+        records = trio.run(drive, url, a.sessions, a.requests, a.max_tokens, a.prompt_len)
     finally:
         server.send_signal(signal.SIGINT)
         server.wait(120)
@@ -117,7 +119,8 @@ def main() -> int:
     if not a.keep_prof:
         prof.unlink()  # binary and machine-specific; the summary is what is kept
     (out / "calls.json").write_text(json.dumps(summary, indent=1) + "\n")
-    md = [f"# Event-loop Python calls per streamed token ({a.requests} x {a.max_tokens} tokens, N=1)", "",
+    load = f"N={a.sessions}, {a.requests} each" if a.sessions > 1 else "N=1"
+    md = [f"# Event-loop Python calls per streamed token ({a.sessions * a.requests} x {a.max_tokens} tokens, {load})", "",
           f"    {summary['command']}", "", f"**{summary['calls_per_token']} calls per token** over {tokens} tokens.", "",
           "| where | calls per token |", "|---|---|"]
     md += [f"| {k} | {v} |" for k, v in list(summary["by_package"].items())[:25]]
