@@ -4,7 +4,8 @@ Streamed the ASGI way, each token wakes the response's task, resumes the SSE gen
 starlette's, hypercorn's and h11's send chain: about a quarter of the event loop's Python calls per
 token at N=1 (bench/results/inline-writes), CPU that a 2-core box takes from ggml's threads. Once the
 response has started, `InlineWriter.take` (a GenerationStream.divert target) renders the token's
-chunk, frames it as h11's body writer for this response would, and writes it to the socket at once.
+chunk, frames it as h11's body writer for this response would, and writes it to the socket beside
+the next decode (see When, below).
 
 Why it stays exact:
 - It applies only to a plain-TCP HTTP/1.x connection served by skippy's patched hypercorn (the
