@@ -11,6 +11,7 @@ from .errors import (
     PromptTooLongError,
     SkippyError,
     StepFailedError,
+    StreamStateError,
 )
 
 # A library stays quiet unless the application asks (loguru's advice for libraries):
@@ -60,6 +61,7 @@ __all__ = [
     "SamplingParams",
     "SkippyError",
     "StepFailedError",
+    "StreamStateError",
     "StepReport",
     "TokenEvent",
     "Usage",

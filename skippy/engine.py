@@ -26,7 +26,7 @@ from .actors.messages import Wake
 from .actors.preemption import PreemptionActor
 from .actors.runtime_owner import RuntimeOwner
 from .actors.worker import Worker
-from .errors import EngineClosedError, InvalidInputError
+from .errors import EngineClosedError, InvalidInputError, StreamStateError
 from .runtime import ContextRuntime, Runtime
 from .sampling import SamplingParams
 from .scheduling.admission import Admission, fcfs_priority
@@ -268,7 +268,7 @@ class GenerationStream:
         is read or taken once, in order. For a server that writes a token's bytes from the step
         (server._inline_writes): one task wake-up and one trip down the ASGI send chain less per token."""
         if self._tap is not None or self.request.sink is None:
-            raise RuntimeError("this stream is diverted already, or has ended")
+            raise StreamStateError("this stream is diverted already, or has ended")
         self._tap = Tap(take, self.request.sink)
         self.request.sink = self._tap
 

@@ -120,6 +120,10 @@ class EngineClosedError(SkippyError):
     """The engine was used after it shut down."""
 
 
+class StreamStateError(SkippyError, RuntimeError):
+    """A GenerationStream asked for what its state does not allow (diverted twice, or after its end)."""
+
+
 # -- staged serving ---------------------------------------------------------------
 
 

@@ -53,8 +53,8 @@ async def test_an_exception_comes_back_to_the_waiter(worker):
 
     with trio.fail_after(10):
         with pytest.raises(ValueError, match="from the worker"):
-            await worker.run(boom)
-        assert await worker.run(lambda: 7) == 7  # the thread goes on
+            await worker.start(boom).result()
+        assert await worker.start(lambda: 7).result() == 7  # the thread goes on
 
 
 async def test_a_cancelled_waiter_aborts_the_job_and_still_waits_for_it(worker):
@@ -94,7 +94,7 @@ async def test_wake_ups_nobody_reads_never_block_the_worker(worker):
     t.join(10)
     assert wrote.is_set(), "a wake-up into a full pipe blocked"
     with trio.fail_after(10):
-        assert await worker.run(lambda: "after") == "after"
+        assert await worker.start(lambda: "after").result() == "after"
 
 
 def test_close_joins_the_thread():

@@ -88,9 +88,6 @@ class Worker:
             except BlockingIOError:
                 pass
 
-    async def run(self, fn: Callable[[], Any], on_cancel: Callable[[], None] | None = None) -> Any:
-        return await self.start(fn).result(on_cancel)
-
     def start(self, fn: Callable[[], Any]) -> "Job":
         """Queue `fn` and return at once; jobs run one after another, in the order started, so a
         second job queued behind a running one starts the moment the first is done."""
