@@ -68,13 +68,27 @@ async def run_demo(
 
             return np.concatenate([system, engine.tokenize(" " + prompt_for(i), add_special=False)])
 
+        # staggered in steps, not seconds: session i arrives stagger_steps step starts after session i-1
+        # was queued, so arrivals land while others decode whatever the machine's speed (polling the
+        # step count every 2 ms missed whole sessions on a fast box: they all arrived after the first
+        # had finished, and no step mixed prefill with decode)
+        queued = [trio.Event() for _ in range(sessions)]
+
+        async def next_step_start() -> None:
+            started = trio.Event()
+            engine.after_next_step_start(started.set)
+            await started.wait()
+
         async def session(i: int) -> None:
-            # staggered in steps, not seconds: session i arrives once the engine has run i steps,
-            # so arrivals land while others decode whatever the machine's speed
-            while engine.stats().steps < i * stagger_steps:
-                await trio.sleep(0.002)
+            if i:
+                await queued[i - 1].wait()
+                for _ in range(stagger_steps):
+                    await next_step_start()
             try:
-                async for event in engine.generate(prompt(i), max_tokens=max_tokens):
+                stream = engine.generate(prompt(i), max_tokens=max_tokens)
+                await stream.queued()
+                queued[i].set()
+                async for event in stream:
                     if event.token is not None:
                         bar.update(1)
                     if event.final:
@@ -85,6 +99,8 @@ async def run_demo(
             except Exception as exc:  # a rejected session is a failure of the demo, never a crash
                 outcome["failed"] += 1
                 print(f"session {i}: {exc!r}", file=sys.stderr)
+            finally:
+                queued[i].set()
             s = engine.stats()
             bar.set_postfix(running=s.running, waiting=s.waiting, steps=s.steps, done=outcome["completed"])
 
