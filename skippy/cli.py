@@ -93,6 +93,8 @@ def _latency_config(args: argparse.Namespace) -> dict:
     config: dict = {"batch_invariant": args.batch_invariant}
     if args.tpot_target_ms is not None:
         config["tpot_target_ms"] = args.tpot_target_ms
+    if not getattr(args, "run_ahead", True):  # passed only when off, as the target
+        config["run_ahead"] = False
     return config
 
 
@@ -107,6 +109,10 @@ def _target_ms(text: str) -> float:
 
 
 def _add_latency_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--run-ahead", action=argparse.BooleanOptionalAction, default=True,
+                        help="while every running stream is written inline, steady decode steps go on from the "
+                             "worker thread, each token written as it is sampled (default: on); --no-run-ahead "
+                             "wakes the event loop every step (for comparison)")
     parser.add_argument("--batch-invariant", action=argparse.BooleanOptionalAction, default=True,
                         help="batch-invariant kernels: a request's tokens do not depend on its batch-mates "
                              "(default: on); --no-batch-invariant loads repacked weights and uses the default "

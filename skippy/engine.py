@@ -81,6 +81,9 @@ class EngineConfig:
     # Overlap steady decode steps (scheduling.step: the next step is launched before this one's
     # tokens are routed and streamed, so Python work runs while the model computes). Same outputs.
     overlap_steps: bool = True
+    # Run-ahead (scheduling.run_ahead): while every running stream is read inline (a server's streams),
+    # steady decode steps go on from the worker thread without waking the event loop. Same outputs.
+    run_ahead: bool = True
     on_step: Callable[[StepReport], None] | None = None
     # Layers a GPU holds when the model is opened from a path (-1: all; needs `skippy build --cuda`;
     # a CPU build runs them on the CPU). Batch invariance is then the self-check's verdict
@@ -306,6 +309,7 @@ class Policies:
 def build_policies(runtime: Runtime, cfg: EngineConfig, plan: LanePlan) -> Policies:
     scheduler = StepScheduler(runtime.n_batch, cfg.decode_reserve, runtime.ledger(), _prefix_cache(runtime, cfg, plan),
                               budget=_token_budget(runtime.n_batch, cfg), overlap=bool(cfg.overlap_steps),
+                              run_ahead=bool(cfg.run_ahead),
                               exact=bool(getattr(runtime, "share_exact", False)))
     exact = bool(getattr(runtime, "share_exact", False))
     return Policies(Admission(plan.ceiling, cfg.max_waiting, cfg.decode_reserve, cfg.priority_key, exact),
@@ -504,7 +508,9 @@ class Engine:
             await self._composer.parked.wait()
 
     def stats(self) -> EngineStats:
-        """Computed from the scheduler's state now (between steps: cells a cancel freed show at once)."""
+        """Computed from the scheduler's state now (between steps: cells a cancel freed show at once).
+        The steps of a run ahead (`run_ahead`: inline-read streams only) count once it is collected,
+        at most scheduling.run_ahead.RUN_STEPS steps later."""
         return policy_stats(self._policies, self.lanes.ceiling)
 
     # -- internals --------------------------------------------------------------------

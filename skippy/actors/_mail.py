@@ -72,5 +72,20 @@ class Tap:
         self.armed = False
         self.channel.send_nowait(event)
 
+    def offer(self, event: Any) -> bool:
+        """`take` the event if armed (True), else leave it to the caller (False), the channel untouched:
+        what a run ahead calls on the worker thread, where a trio channel must not be sent to."""
+        take = self.take
+        if not self.armed or take is None or event.final:
+            return False
+        try:
+            if take(event):
+                return True
+        except Exception:
+            logger.opt(exception=True).error("an inline event reader failed; its events queue from now on")
+            self.take = None
+        self.armed = False  # refused: it and the events behind it queue, as through send_nowait
+        return False
+
     def close(self) -> None:
         self.channel.close()

@@ -15,7 +15,7 @@ from typing import Any, Callable, Generator
 
 import trio
 
-from ..scheduling.effects import Admit, Deliver, Idle, Preempt, ReadLedger, ReturnLanes
+from ..scheduling.effects import Admit, Collect, Deliver, Idle, Preempt, ReadLedger, ReturnLanes
 from ..scheduling.step import StepScheduler
 from ..telemetry import StepReport
 from ._mail import deliver
@@ -41,12 +41,17 @@ class ComposerActor:
         self.preemption = preemption
         self.on_step = on_step
         self.parked = trio.Event()  # set while waiting for work with nothing queued, running or held
+        self._mail_in_run = False  # a wake-up came (and was taken) while a run was out
 
     async def run(self) -> None:
         async with self.inbox:
             while True:
                 woken = self._drain()  # wake-ups that arrived while stepping: this step sees their cause
                 report = await self._drive(self.scheduler.step(woken))
+                ran = self.scheduler.take_reports()  # steps a run routed, before `report`
+                if self.on_step is not None:
+                    for r in ran:
+                        self.on_step(r)
                 if report is None:  # no decode ran (the step's one yield point): let the others run
                     self.runtime.run_deferred()
                     await trio.lowlevel.checkpoint()
@@ -58,8 +63,27 @@ class ComposerActor:
         if self.parked.is_set():
             self.parked = trio.Event()
 
+    async def _collect_run(self, effect: Collect) -> Any:
+        """A run goes on until it is collected: a wake-up (an arrival, a cancel) while it is out stops it
+        after the decode it is in, so the step sees the cause no later than a chained step would."""
+
+        async def stop_on_mail() -> None:
+            try:
+                await self.inbox.receive()
+            except (trio.EndOfChannel, trio.ClosedResourceError):  # closing: the run ends all the same
+                pass
+            self._mail_in_run = True
+            effect.run.stop.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stop_on_mail)
+            try:
+                return await self.runtime.ask(effect)
+            finally:
+                nursery.cancel_scope.cancel()
+
     def _drain(self) -> bool:
-        woken = False
+        woken, self._mail_in_run = self._mail_in_run, False
         while True:
             try:
                 self.inbox.receive_nowait()
@@ -89,6 +113,8 @@ class ComposerActor:
                 await self.inbox.receive()
             self.unpark()
             return await self.runtime.ask(ReadLedger())
+        if isinstance(effect, Collect) and effect.run is not None:
+            return await self._collect_run(effect)
         if isinstance(effect, (Admit, ReturnLanes)):
             return self.admission.ask(effect)
         if isinstance(effect, Preempt):

@@ -18,6 +18,7 @@ from loguru import logger
 from ..errors import NoKvSlotError, SchedulerInvariantError
 from ..runtime import Runtime
 from ..scheduling.effects import Collect, Decode, FreeCells, Launch, ReadLedger, ShareCells, Shared, StepResult
+from ..scheduling.run_ahead import RunAhead, RunResult, run_steps
 from ._mail import reply
 from .messages import Call
 from .worker import Job, Worker
@@ -72,7 +73,8 @@ class RuntimeOwner:
             return job
         if isinstance(what, Collect):
             try:
-                return await what.ticket.result(self.runtime.abort)
+                return await what.ticket.result(self.runtime.abort if what.run is None else partial(
+                    _abort_run, what.run, self.runtime))
             finally:
                 self._launched.remove(what.ticket)
                 if not self._launched:
@@ -106,14 +108,18 @@ class RuntimeOwner:
         except trio.WouldBlock:
             await self._lock.acquire()
 
-    def _run_launched(self, launch: Launch) -> StepResult:  # on the worker thread, in launch order
-        self._last = run_launched(self.runtime, launch, self._last)
-        return self._last
+    def _run_launched(self, launch: Launch) -> StepResult | RunResult:  # on the worker thread, in launch order
+        result = run_launched(self.runtime, launch, self._last)
+        self._last = result.steps[-1][1] if isinstance(result, RunResult) else result
+        return result
 
 
-def run_launched(rt: Runtime, launch: Launch, before: StepResult | None) -> StepResult:
+def run_launched(rt: Runtime, launch: Launch, before: StepResult | None) -> StepResult | RunResult:
     """A launched step: a chained one takes the tokens the step before it sampled, or is skipped
-    (nothing runs, nothing changes) when that one did not complete."""
+    (nothing runs, nothing changes) when that one did not complete. A run goes on from there
+    (scheduling.run_ahead)."""
+    if launch.run is not None:
+        return run_steps(launch, before, partial(run_launched, rt))
     if launch.chained:
         if before is None or before.error is not None or before.skipped or before.tokens is None:
             return StepResult(rt.ledger(), skipped=True)
@@ -148,6 +154,13 @@ def execute(rt: Runtime, step: Decode) -> StepResult:
     return StepResult(rt.ledger(), sampled.tokens, pieces, eog, sampled.t_decode,
                       time.perf_counter() - t0 - sampled.t_decode,  # sampling + detokenizing
                       t_sampled=t_sampled, logprobs=sampled.logprobs)
+
+
+def _abort_run(run: RunAhead, rt: Runtime) -> None:
+    """A cancelled collector: the run ends after this decode (aborted too) and routes nothing."""
+    run.stop.set()
+    run.ready.set()
+    rt.abort()
 
 
 def _rollback(rt: Runtime, plan) -> tuple[int, ...]:

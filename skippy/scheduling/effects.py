@@ -86,13 +86,15 @@ class Launch:
     plan: StepPlan
     samplers: tuple[Sampler, ...]
     chained: bool = False
+    run: "RunAhead | None" = None  # chained, and the steps after it too, off the event loop (scheduling.run_ahead)
 
 
 @attrs.frozen
 class Collect:
-    """Wait for a launched step; answered with its StepResult."""
+    """Wait for a launched step; answered with its StepResult (a RunResult for a launched run)."""
 
     ticket: Any
+    run: "RunAhead | None" = None
 
 
 @attrs.frozen

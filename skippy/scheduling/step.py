@@ -16,6 +16,7 @@ nothing new. In steady decoding the decode is overlapped with the next one (see 
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, Generator, Mapping, Sequence
 
 from loguru import logger
@@ -34,6 +35,7 @@ from .forks import fork_source, is_fork_share
 from .memory import Headroom, shortfall, step_need
 from .prefix import Entry, PrefixCache
 from .requests import Request
+from .run_ahead import RUN_STEPS, RunAhead, RunResult, may_run, route
 
 ATTN = ComponentKind.ATTN
 IDLE_POLL_S = 0.05  # while requests wait for memory someone else holds (it frees without telling us)
@@ -46,7 +48,7 @@ class StepScheduler:
 
     def __init__(self, n_batch: int, decode_reserve: int, ledger: Ledger, prefix: PrefixCache | None = None,
                  totals: Totals | None = None, budget: TokenBudget | None = None, overlap: bool = True,
-                 exact: bool = False) -> None:
+                 exact: bool = False, run_ahead: bool = True) -> None:
         self.composer = Composer(n_batch, budget)
         self.decode_reserve = decode_reserve
         self.ledger = ledger
@@ -62,6 +64,9 @@ class StepScheduler:
         self._woken = True
         self._inflight: tuple[StepPlan, Any] | None = None  # a launched step not yet collected
         self._deferred: list[Request] = []  # finished while a step that holds them was in flight
+        self.run_ahead = run_ahead  # steady steps of inline-read streams go on off the event loop (see _run_for)
+        self._run: RunAhead | None = None  # the in-flight ticket is a run's
+        self.run_reports: list[StepReport] = []  # steps a run routed, not yet taken (take_reports)
 
     @property
     def running(self) -> list[Request]:
@@ -185,23 +190,83 @@ class StepScheduler:
         return attn is None or attn.free >= 2 * plan.n_tokens + self.decode_reserve
 
     def _chain(self, t0: float, admitted: Sequence[Request] = (), t_compose: float = 0.0) -> Effects:
+        if self._run is not None:
+            return (yield from self._collect_run(t0))
         plan, ticket = self._inflight
-        nxt = None
+        nxt = run = None
         if self._steady(plan):
             nxt = plan.advanced()
-            nticket = yield Launch(nxt, tuple(r.sampler for r in nxt.output_requests), chained=True)
-        result: StepResult = yield Collect(ticket)
-        if nxt is not None and result.error is not None:
-            yield Collect(nticket)  # skipped: a chained step does not run after a failed one
-            nxt = None
-        self._inflight = (nxt, nticket) if nxt is not None else None
-        if result.skipped:  # nothing ran, nothing changed
-            return None
-        report = yield from self._finish(plan, result, t0, t_compose=t_compose, n_running=len(self.running),
-                                         admitted=admitted, victims=[])
+            run = self._run_for(nxt)
+            nticket = yield Launch(nxt, tuple(r.sampler for r in nxt.output_requests), chained=True, run=run)
+        routed = False
+        try:
+            result: StepResult = yield Collect(ticket)
+            if nxt is not None and result.error is not None:
+                if run is not None:  # it routes nothing: a chained step does not run after a failed one
+                    run.stop.set()
+                    run.ready.set()
+                yield Collect(nticket, run)  # skipped
+                nxt = run = None
+            self._inflight = (nxt, nticket) if nxt is not None else None
+            self._run = run
+            if result.skipped:  # nothing ran, nothing changed
+                return None
+            report = yield from self._finish(plan, result, t0, t_compose=t_compose, n_running=len(self.running),
+                                             admitted=admitted, victims=[])
+            routed = True
+        finally:
+            if run is not None:  # the run routes its steps once this one's are routed (or none, if it failed)
+                if not routed:
+                    run.stop.set()
+                run.ready.set()
         if self._inflight is None:
             yield from self._release_deferred()
         return report
+
+    # -- run-ahead (scheduling.run_ahead) --------------------------------------------------
+
+    def _run_for(self, plan: StepPlan) -> RunAhead | None:
+        """A run from `plan` on, where every stream of it is read inline."""
+        if not self.run_ahead or not may_run(plan):
+            return None
+        return RunAhead(RUN_STEPS, partial(route, reserve=self.decode_reserve))
+
+    def _collect_run(self, t0: float) -> Effects:
+        """Account a run's steps: those routed on the worker thread are only counted (their events are
+        out), the refused events are delivered, and a last step it declined is finished as any other."""
+        ticket, run = self._inflight[1], self._run
+        answer: RunResult = yield Collect(ticket, run)
+        self._inflight = self._run = None
+        last = None
+        for plan, result, routed in answer.steps:
+            if routed:
+                self.run_reports.append(self._account(plan, result))
+            else:
+                last = (plan, result)
+        if answer.undelivered:
+            yield Deliver(answer.undelivered)
+        report = None
+        if last is not None and not last[1].skipped:
+            report = yield from self._finish(last[0], last[1], t0, t_compose=0.0, n_running=len(self.running),
+                                             admitted=(), victims=[])
+        elif self.run_reports:
+            report = self.run_reports.pop()
+        self._busy_since = (t0, sum(result.t_decode for _, result, _ in answer.steps))
+        yield from self._release_deferred()
+        return report
+
+    def _account(self, plan: StepPlan, result: StepResult) -> StepReport:
+        """A step routed in a run: what _finish records, less the routing."""
+        self.ledger = result.ledger
+        if self.composer.budget is not None:
+            self.composer.budget.observe(plan.n_tokens, result.t_decode)
+        return self._report(len(self.running), plan, (), (), (), (), len(plan.chunks), result, 0.0, result.t_sample,
+                            result.t_decode + result.t_sample)
+
+    def take_reports(self) -> list[StepReport]:
+        """The reports of steps a run routed, before the one step() returned (oldest first)."""
+        reports, self.run_reports = self.run_reports, []
+        return reports
 
     def _release_deferred(self) -> Effects:
         if self._deferred:

@@ -23,10 +23,19 @@ e.g. every token but the first and last at N=1), at once. Otherwise the next ste
 launched after its predecessor's tokens are routed, and a write made then would delay its decode:
 the bytes wait in the backlog and go out right after the engine hands that step to the worker
 (`Engine.after_next_step_start`), all of that step's streams in one pass, beside the decode.
+
+From the worker thread: while every running stream is written inline, the engine runs steady steps
+ahead of the event loop (scheduling.run_ahead) and `take` is called on the worker thread, between
+two decodes, as each token is sampled. Those writes go to a dup of the socket's fd (`_WorkerSocket`,
+made here on the event loop): the event loop closing the connection meanwhile can never make one
+reach another connection that reuses the number; `close`, at the response's end, waits out a write
+in progress.
 """
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from typing import Any, Callable
 
@@ -54,11 +63,42 @@ def _framing(connection: Any) -> Callable[[bytes], bytes] | None:
     return None
 
 
+class _WorkerSocket:
+    """The connection as a run ahead writes it from the worker thread (scheduling.run_ahead): a dup of
+    its socket's fd, made on the event loop, so that the event loop closing the connection (the client
+    left) can never make a write reach another connection that reuses the fd's number; the lock keeps
+    `close` out of a write in progress. Non-blocking, as the socket it shares is."""
+
+    def __init__(self, stream: Any) -> None:
+        self._lock = threading.Lock()
+        fd = stream.socket.fileno()
+        self._fd = os.dup(fd) if fd >= 0 else -1
+
+    def send(self, data: bytes) -> int:
+        with self._lock:
+            if self._fd < 0:
+                return 0
+            try:
+                return os.write(self._fd, data)
+            except BlockingIOError:
+                return 0
+            except OSError as exc:  # EPIPE, ECONNRESET: the task's write of the backlog finds out
+                raise trio.BrokenResourceError(f"socket connection broken: {exc}") from exc
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
+
+
 class InlineWriter:
     def __init__(self, server: Any, frame: Callable[[bytes], bytes], render: Callable[[Any], bytes],
                  written: Callable[[Any], None], engine: Any) -> None:
         self._server, self._frame, self._render, self._written = server, frame, render, written
         self._engine = engine
+        self._loop_thread = threading.get_ident()
+        self._worker_socket = _WorkerSocket(server.stream)  # for writes from a run ahead (closed by close())
         self.backlog = b""  # rendered, not written yet: deferred to the next step's start, or refused
         self._refused = False  # the socket did not take all of it: the response's task writes it
         self._deferred: list[Any] = []  # the events whose bytes wait for the next step's start
@@ -105,13 +145,21 @@ class InlineWriter:
     def _write(self, *events: Any) -> None:
         data, self.backlog = self.backlog, b""
         try:
-            sent = _send_now(self._server.stream, data)
+            if threading.get_ident() == self._loop_thread:
+                sent = _send_now(self._server.stream, data)
+            else:  # a run ahead, on the worker thread
+                sent = self._worker_socket.send(data)
         except trio.BrokenResourceError:
             sent = 0  # the peer has gone: the task's write of the backlog finds out
         if sent < len(data):
             self.backlog, self._refused = data[sent:], True
         for event in events:
             self._written(event)
+
+    def close(self) -> None:
+        """The response has ended: no more writes, from any thread."""
+        self._refused = True
+        self._worker_socket.close()
 
     async def flush(self) -> None:
         """Write the backlog, waiting for the socket to take it (the response's task, first thing)."""

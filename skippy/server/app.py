@@ -370,6 +370,8 @@ async def _sse(state: ServerState, streams: Any, shape: P.ResponseShape, call: P
                 break
         yield P.sse_event("[DONE]")
     finally:
+        if writer is not None:
+            writer.close()
         for stream in streams:
             stream.cancel()
             state.untrack(stream)

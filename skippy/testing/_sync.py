@@ -89,6 +89,7 @@ class SyncScheduler:
             try:
                 effect = gen.send(answer)
             except StopIteration as done:
+                self.reports.extend(self.scheduler.take_reports())  # steps a run routed, if any
                 if done.value is not None:
                     self.reports.append(done.value)
                 return done.value

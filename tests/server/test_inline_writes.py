@@ -76,15 +76,20 @@ async def test_inline_writes_happen_while_the_next_step_computes(monkeypatch, ch
         finally:
             jobs["collected"] += 1
 
-    real = _inline_writes._send_now
+    real, real_worker = _inline_writes._send_now, _inline_writes._WorkerSocket.send
 
     def spy(stream, data):
         busy_at_write.append(jobs["started"] > jobs["collected"])
         return real(stream, data)
 
+    def worker_spy(self, data):  # a run ahead's write, between two of its decodes (run_ahead)
+        busy_at_write.append(jobs["started"] > jobs["collected"])
+        return real_worker(self, data)
+
     monkeypatch.setattr(W.Worker, "start", counted_start)
     monkeypatch.setattr(W.Job, "result", counted_result)
     monkeypatch.setattr(_inline_writes, "_send_now", spy)
+    monkeypatch.setattr(_inline_writes._WorkerSocket, "send", worker_spy)
     rt = FakeRuntime(n_ctx=512, n_batch=32, n_seq_max=8, n_vocab=64)
     with trio.fail_after(20):
         async with open_fake_engine(rt, overlap_steps=chained) as engine:
@@ -166,17 +171,27 @@ async def _read_response(stream: trio.SocketStream) -> tuple[h11.Response, bytes
             return response, body
 
 
-async def test_a_client_that_does_not_read_gets_every_token_once_in_order(monkeypatch):
-    partial = []
-    real = _inline_writes._send_now
+def spy_on_sends(monkeypatch, seen) -> None:
+    """`seen(data, sent)` after every inline write, from the event loop or from a run ahead."""
+    real, real_worker = _inline_writes._send_now, _inline_writes._WorkerSocket.send
 
     def spy(stream, data):
         sent = real(stream, data)
-        if sent < len(data):
-            partial.append((sent, len(data)))
+        seen(data, sent)
+        return sent
+
+    def worker_spy(self, data):
+        sent = real_worker(self, data)
+        seen(data, sent)
         return sent
 
     monkeypatch.setattr(_inline_writes, "_send_now", spy)
+    monkeypatch.setattr(_inline_writes._WorkerSocket, "send", worker_spy)
+
+
+async def test_a_client_that_does_not_read_gets_every_token_once_in_order(monkeypatch):
+    partial = []
+    spy_on_sends(monkeypatch, lambda data, sent: sent < len(data) and partial.append((sent, len(data))))
     n = 480
     with trio.fail_after(30):
         async with fake_server() as (http, rt, app):

@@ -83,12 +83,20 @@ async def test_client_disconnect_mid_stream_cancels_and_frees_cells(synth_model_
                 # the engine's step count when the hang-up reaches it as a cancel: how soon the HTTP side
                 # notices depends on this box's load (several run-loop turns, and a tiny model's steps are
                 # sub-millisecond), so the steps are counted from there
+                # counted at the runtime: stats count a run's steps (scheduling.run_ahead) once it is collected
                 steps_at_cancel: list[int] = []
-                cancel = engine._cancel
+                decodes = [0]
+                cancel, decode_sample = engine._cancel, engine.runtime.decode_sample
 
                 def counted_cancel(request) -> None:
-                    steps_at_cancel.append(engine.stats().steps)
+                    steps_at_cancel.append(decodes[0])
                     cancel(request)
+
+                def counted_decode(*args, **kwargs):
+                    decodes[0] += 1
+                    return decode_sample(*args, **kwargs)
+
+                engine.runtime.decode_sample = counted_decode
 
                 engine._cancel = counted_cancel
                 async with http.stream("POST", "/v1/completions", json=body) as r:
@@ -104,7 +112,7 @@ async def test_client_disconnect_mid_stream_cancels_and_frees_cells(synth_model_
                 assert metric(during, "skippy_kv_used_cells", 'component="attn"') > 0
                 while engine.stats().kv_used[ATTN]:
                     await trio.sleep(0.001)
-                steps_to_free = engine.stats().steps - steps_at_cancel[0]  # idle now: no step runs after the free
+                steps_to_free = decodes[0] - steps_at_cancel[0]  # idle now: no step runs after the free
                 after = (await http.get("/metrics")).text
             assert metric(after, "skippy_kv_used_cells", 'component="attn"') == 0
             assert metric(after, "skippy_requests_finished_total", 'reason="cancelled"') == 1
