@@ -28,7 +28,7 @@ from ..kv import ComponentKind
 from .composer import Emitted, StepPlan, _text_and_finish
 from .requests import RequestState, TokenEvent
 
-RUN_STEPS = 32  # at most this many steps per run: stats and metrics lag a run behind at most
+RUN_STEPS = 128  # at most this many steps per run: stats and metrics lag a run behind at most
 READY_WAIT_S = 5.0  # the loop routes the step before the run in well under this; past it the run ends
 
 
