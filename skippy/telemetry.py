@@ -64,6 +64,7 @@ class EngineStats:
     prefix_entries: int = 0
     prefix_resident_tokens: int = 0
     fork_shared_tokens: int = 0  # prompt tokens a choice of an n > 1 request shared from its first choice
+    run_ahead_steps: int = 0  # steps routed on the worker thread, in runs (scheduling.run_ahead)
     kv_used_peak: Mapping[ComponentKind, int] = attrs.field(factory=dict)  # max over steps
     kv_bytes_per_cell: Mapping[ComponentKind, float] = attrs.field(factory=dict)  # per slot for RECURRENT
     t_busy: float = 0.0  # wall seconds between consecutive busy step starts
@@ -96,6 +97,7 @@ class Totals:
     prefix_hits: int = 0
     prefix_evictions: int = 0
     fork_shared_tokens: int = 0
+    run_ahead_steps: int = 0
     kv_used_peak: dict = attrs.field(factory=dict)
     t_busy: float = 0.0  # wall time from each step's start to the next one's while the engine is busy
     t_busy_decode: float = 0.0  # of which inside the runtime's decode
@@ -132,6 +134,7 @@ def make_stats(totals: Totals, *, ceiling: int, running: int, waiting: int, ledg
         ceiling=ceiling, prefix_queries=totals.prefix_queries, prefix_hits=totals.prefix_hits,
         prefix_evictions=totals.prefix_evictions, prefix_entries=prefix_entries,
         prefix_resident_tokens=prefix_resident_tokens, fork_shared_tokens=totals.fork_shared_tokens,
+        run_ahead_steps=totals.run_ahead_steps,
         kv_used_peak=dict(totals.kv_used_peak),
         kv_bytes_per_cell={c.kind: c.bytes / c.size for c in components if c.size},
         t_busy=totals.t_busy, t_busy_decode=totals.t_busy_decode,

@@ -64,8 +64,9 @@ async def test_a_diverted_stream_gets_the_same_tokens_steps_and_reports_with_or_
     off_loop = sum(t != loop for t, _ in takes)
     if run_ahead:
         assert off_loop >= 100  # taken on the worker thread, in the runs
+        assert stats.run_ahead_steps == off_loop  # one event per routed step: N=1
     else:
-        assert off_loop == 0
+        assert off_loop == 0 and stats.run_ahead_steps == 0
     # one step and one report per decode either way: the prompt's step and 119 decodes
     assert stats.steps == len(reports) == 120 and stats.output_tokens == 120
     assert [r.step for r in reports] == list(range(1, 121))

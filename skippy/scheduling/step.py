@@ -240,6 +240,7 @@ class StepScheduler:
         last = None
         for plan, result, routed in answer.steps:
             if routed:
+                self.totals.run_ahead_steps += 1
                 self.run_reports.append(self._account(plan, result))
             else:
                 last = (plan, result)

@@ -77,6 +77,8 @@ class _EngineCollector(Collector):
         yield CounterMetricFamily("skippy_fork_shared", "Prompt tokens the choices of n > 1 requests shared from "
                                   "their first choice (seq_cp, not computed)", unit="tokens",
                                   value=s.fork_shared_tokens)
+        yield CounterMetricFamily("skippy_run_ahead_steps", "Steps routed on the worker thread while every running "
+                                  "stream was written inline (scheduling.run_ahead)", value=s.run_ahead_steps)
         yield GaugeMetricFamily("skippy_prefix_cache_entries", "Resident prefixes held", value=s.prefix_entries)
         yield GaugeMetricFamily("skippy_prefix_cache_resident_tokens", "Tokens held by resident prefixes",
                                 value=s.prefix_resident_tokens)

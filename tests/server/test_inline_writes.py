@@ -287,3 +287,45 @@ def test_skippy_serve_passes_its_inline_writes_switch_to_the_app(monkeypatch, ar
     with pytest.raises(Stop):
         cli._serve_engine(args, opener, "127.0.0.1", 0)
     assert seen["inline_writes"] is expected
+
+
+@pytest.mark.parametrize("n_streams", [1, 3])
+async def test_a_run_ahead_writes_from_the_worker_thread_the_same_bytes(monkeypatch, n_streams):
+    """With every stream written inline, steady steps run ahead of the event loop (scheduling.run_ahead):
+    most chunks are written from the worker thread, and each response's bytes are what the engine
+    without runs sends."""
+    import threading
+
+    raws: dict[bool, list[str]] = {}
+    threads: list[int] = []
+    spy_on_sends(monkeypatch, lambda data, sent: threads.append(threading.get_ident()))
+    for run_ahead in (True, False):
+        threads.clear()
+        rt = FakeRuntime(n_ctx=1024, n_batch=32, n_seq_max=8, n_vocab=64)
+        with trio.fail_after(20):
+            async with open_fake_engine(rt, run_ahead=run_ahead) as engine:
+                app = create_app(engine, model_names=["m"])
+                async with trio.open_nursery() as nursery:
+                    (url,) = await nursery.start(partial(serve_app, app, "127.0.0.1", 0))
+                    out = [""] * n_streams
+                    async with httpx.AsyncClient(base_url=url, timeout=20) as http:
+                        async def one(i):
+                            body = {**BODY, "prompt": [1 + i, 2, 3], "max_tokens": 80}
+                            async with http.stream("POST", "/v1/completions", json=body) as r:
+                                out[i] = (await r.aread()).decode()
+
+                        async with trio.open_nursery() as clients:
+                            for i in range(n_streams):
+                                clients.start_soon(one, i)
+                    nursery.cancel_scope.cancel()
+        raws[run_ahead] = [_comparable(raw) for raw in out]
+        loop = threading.get_ident()
+        off_loop = sum(t != loop for t in threads)
+        if run_ahead:
+            assert off_loop >= 40 * n_streams, (off_loop, len(threads))
+        else:
+            assert off_loop == 0
+        for i, raw in enumerate(out):
+            text = "".join(c["choices"][0]["text"] for c in sse_data(raw))
+            assert text == text_of(rt, rt.solo([1 + i, 2, 3], 80))
+    assert raws[True] == raws[False]
