@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 import time
+from contextlib import asynccontextmanager
 
 import numpy as np
 import pytest
@@ -21,8 +22,12 @@ from skippy.testing import FakeRuntime, open_fake_engine
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
 
-def fake(**kw) -> FakeRuntime:
-    return FakeRuntime(n_ctx=1024, n_batch=32, n_seq_max=4, n_vocab=64, **kw)
+def fake(decode_s: float = 0.0) -> FakeRuntime:
+    """`decode_s`: each decode takes that long, as a model's do (a run is out for a while)."""
+    rt = FakeRuntime(n_ctx=1024, n_batch=32, n_seq_max=4, n_vocab=64)
+    if decode_s:
+        rt.on_decode = lambda: time.sleep(decode_s)
+    return rt
 
 
 async def _diverted(engine, prompt, n, takes, **kw):
@@ -75,8 +80,7 @@ async def test_a_diverted_stream_gets_the_same_tokens_steps_and_reports_with_or_
 
 async def test_an_arrival_stops_a_run_within_a_step():
     """The second request's prompt is computed within two steps of its submission, not a run later."""
-    rt = fake()
-    rt.on_decode = lambda: time.sleep(0.002)  # decodes take time, as a model's do: a run is out for a while
+    rt = fake(decode_s=0.002)
     reports = []
     takes: list = []
     with trio.fail_after(20):
@@ -94,22 +98,30 @@ async def test_an_arrival_stops_a_run_within_a_step():
     assert admitted - submitted_at <= 3, (submitted_at, admitted)
 
 
-async def test_a_cancel_during_a_run_ends_it_and_frees_the_request():
-    rt = fake()
-    rt.on_decode = lambda: time.sleep(0.001)
+@asynccontextmanager
+async def _mid_run(engine, n_tokens: int):
+    """(stream, its reader's nursery) of a diverted stream read in a task, once 20 of its events were
+    taken: a run is out."""
     takes: list = []
+    stream = engine.generate(PROMPT, max_tokens=n_tokens, ignore_eos=True)
+    await stream.batch()
+    stream.divert(lambda e: takes.append(e) or True)
+    async with trio.open_nursery() as nursery:
+        async def read():
+            async for _ in stream:
+                pass
+
+        nursery.start_soon(read)
+        while len(takes) < 20:
+            await trio.sleep(0.001)
+        yield stream, nursery
+
+
+async def test_a_cancel_during_a_run_ends_it_and_frees_the_request():
+    rt = fake(decode_s=0.001)
     with trio.fail_after(20):
         async with open_fake_engine(rt, prefix_cache=False) as engine:
-            stream = engine.generate(PROMPT, max_tokens=500, ignore_eos=True)
-            await stream.batch()
-            stream.divert(lambda e: takes.append(e) or True)
-            async with trio.open_nursery() as nursery:
-                async def read():
-                    async for _ in stream:
-                        pass
-                nursery.start_soon(read)
-                while len(takes) < 20:
-                    await trio.sleep(0.001)
+            async with _mid_run(engine, 500) as (stream, _):
                 stream.cancel()
             await engine.settled()
             stats = engine.stats()
@@ -151,21 +163,9 @@ async def test_streams_with_stop_strings_or_in_process_readers_never_run_ahead()
 
 
 async def test_closing_the_engine_during_a_run_does_not_hang():
-    rt = fake()
-    rt.on_decode = lambda: time.sleep(0.001)
-    takes: list = []
     with trio.fail_after(20):
-        async with open_fake_engine(rt, prefix_cache=False) as engine:
-            stream = engine.generate(PROMPT, max_tokens=800, ignore_eos=True)
-            await stream.batch()
-            stream.divert(lambda e: takes.append(e) or True)
-            async with trio.open_nursery() as nursery:
-                async def read():
-                    async for _ in stream:
-                        pass
-                nursery.start_soon(read)
-                while len(takes) < 20:
-                    await trio.sleep(0.001)
+        async with open_fake_engine(fake(decode_s=0.001), prefix_cache=False) as engine:
+            async with _mid_run(engine, 800) as (_, nursery):
                 worker = engine.worker
                 nursery.cancel_scope.cancel()
     assert not worker.alive

@@ -110,14 +110,21 @@ async def test_inline_writes_happen_while_the_next_step_computes(monkeypatch, ch
 
 
 @asynccontextmanager
+async def served(engine, **app_options):
+    """An http client of `engine` served on an ephemeral loopback port."""
+    app = create_app(engine, model_names=["m"], **app_options)
+    async with trio.open_nursery() as nursery:
+        (url,) = await nursery.start(partial(serve_app, app, "127.0.0.1", 0))
+        async with httpx.AsyncClient(base_url=url, timeout=20) as http:
+            yield http
+        nursery.cancel_scope.cancel()
+
+
+@asynccontextmanager
 async def synth_server(path, **app_options):
     async with skippy.open_engine(path, **ENGINE) as engine:
-        app = create_app(engine, model_names=["m"], **app_options)
-        async with trio.open_nursery() as nursery:
-            (url,) = await nursery.start(partial(serve_app, app, "127.0.0.1", 0))
-            async with httpx.AsyncClient(base_url=url, timeout=20) as http:
-                yield http
-            nursery.cancel_scope.cancel()
+        async with served(engine, **app_options) as http:
+            yield http
 
 
 async def test_a_chat_stream_with_logprobs_and_usage_is_the_same_inline(synth_model_path):
@@ -303,21 +310,17 @@ async def test_a_run_ahead_writes_from_the_worker_thread_the_same_bytes(monkeypa
         threads.clear()
         rt = FakeRuntime(n_ctx=1024, n_batch=32, n_seq_max=8, n_vocab=64)
         with trio.fail_after(20):
-            async with open_fake_engine(rt, run_ahead=run_ahead) as engine:
-                app = create_app(engine, model_names=["m"])
-                async with trio.open_nursery() as nursery:
-                    (url,) = await nursery.start(partial(serve_app, app, "127.0.0.1", 0))
-                    out = [""] * n_streams
-                    async with httpx.AsyncClient(base_url=url, timeout=20) as http:
-                        async def one(i):
-                            body = {**BODY, "prompt": [1 + i, 2, 3], "max_tokens": 80}
-                            async with http.stream("POST", "/v1/completions", json=body) as r:
-                                out[i] = (await r.aread()).decode()
+            async with open_fake_engine(rt, run_ahead=run_ahead) as engine, served(engine) as http:
+                out = [""] * n_streams
 
-                        async with trio.open_nursery() as clients:
-                            for i in range(n_streams):
-                                clients.start_soon(one, i)
-                    nursery.cancel_scope.cancel()
+                async def one(i):
+                    body = {**BODY, "prompt": [1 + i, 2, 3], "max_tokens": 80}
+                    async with http.stream("POST", "/v1/completions", json=body) as r:
+                        out[i] = (await r.aread()).decode()
+
+                async with trio.open_nursery() as clients:
+                    for i in range(n_streams):
+                        clients.start_soon(one, i)
         raws[run_ahead] = [_comparable(raw) for raw in out]
         loop = threading.get_ident()
         off_loop = sum(t != loop for t in threads)
