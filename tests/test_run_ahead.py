@@ -254,3 +254,32 @@ def test_may_run_needs_every_stream_inline_and_no_stop_strings():
     reqs[0].stop = ()
     reqs[1].sink = None
     assert not may_run(plan)
+
+
+async def test_a_run_that_reaches_its_length_is_followed_at_once_by_the_next(monkeypatch):
+    """No step is composed without overlap between two runs of a steady stream: the next one is launched
+    chained on the last before the loop accounts the steps."""
+    from skippy.actors.runtime_owner import RuntimeOwner
+    from skippy.scheduling import step as S
+    from skippy.scheduling.effects import Decode, Launch
+
+    monkeypatch.setattr(S, "RUN_STEPS", 8)
+    asked = {"unchained": 0, "chained": 0}  # steps started with nothing computing before them, or chained
+    ask = RuntimeOwner.ask
+
+    async def counted(self, what):
+        asked["unchained"] += isinstance(what, Decode) or (isinstance(what, Launch) and not what.chained)
+        asked["chained"] += isinstance(what, Launch) and what.chained
+        return await ask(self, what)
+
+    monkeypatch.setattr(RuntimeOwner, "ask", counted)
+    rt = fake()
+    takes: list = []
+    with trio.fail_after(10):
+        async with open_fake_engine(rt, prefix_cache=False) as engine:
+            read = await _diverted(engine, PROMPT, 120, takes)
+            stats = engine.stats()
+    events = sorted([e for _, e in takes] + [e for e in read if e.token is not None], key=lambda e: e.index)
+    assert [e.token for e in events] == rt.solo(PROMPT, 120)
+    assert stats.run_ahead_steps >= 100 and asked["chained"] >= 100 // 8
+    assert asked["unchained"] <= 3, asked  # the prompt's step and the steps before the stream was diverted

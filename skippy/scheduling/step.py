@@ -233,10 +233,24 @@ class StepScheduler:
 
     def _collect_run(self, t0: float) -> Effects:
         """Account a run's steps: those routed on the worker thread are only counted (their events are
-        out), the refused events are delivered, and a last step it declined is finished as any other."""
+        out), the refused events are delivered, and a last step it declined is finished as any other.
+        A run that reached its length with its streams still steady is followed at once, before the
+        accounting, by the next step (chained on its last one): no step composed without overlap."""
         ticket, run = self._inflight[1], self._run
+        if self._woken:  # a wake-up came before the collect (the composer took it): let the step see it
+            run.stop.set()
         answer: RunResult = yield Collect(ticket, run)
         self._inflight = self._run = None
+        plan, result, routed = answer.steps[-1]
+        if routed and not answer.undelivered and not run.stop.is_set():
+            self.ledger = result.ledger
+            if self._steady(plan):
+                nxt = plan.advanced()
+                follow = self._run_for(nxt)
+                nticket = yield Launch(nxt, tuple(r.sampler for r in nxt.output_requests), chained=True, run=follow)
+                if follow is not None:
+                    follow.ready.set()  # every step before it is routed
+                self._inflight, self._run = (nxt, nticket), follow
         last = None
         for plan, result, routed in answer.steps:
             if routed:
