@@ -68,7 +68,7 @@ async def test_a_diverted_stream_gets_the_same_tokens_steps_and_reports_with_or_
     assert [i for i, _ in merged] == list(range(120))
     off_loop = sum(t != loop for t, _ in takes)
     if run_ahead:
-        assert off_loop >= 100  # taken on the worker thread, in the runs
+        assert off_loop >= 60  # taken on the worker thread, in the runs (over 100 on an idle box)
         assert stats.run_ahead_steps == off_loop  # one event per routed step: N=1
     else:
         assert off_loop == 0 and stats.run_ahead_steps == 0
@@ -80,7 +80,7 @@ async def test_a_diverted_stream_gets_the_same_tokens_steps_and_reports_with_or_
 
 async def test_an_arrival_stops_a_run_within_a_step():
     """The second request's prompt is computed within two steps of its submission, not a run later."""
-    rt = fake(decode_s=0.002)
+    rt = fake(decode_s=0.005)  # long enough for a busy event loop to see the arrival within a decode
     reports = []
     takes: list = []
     with trio.fail_after(20):
@@ -282,4 +282,6 @@ async def test_a_run_that_reaches_its_length_is_followed_at_once_by_the_next(mon
     events = sorted([e for _, e in takes] + [e for e in read if e.token is not None], key=lambda e: e.index)
     assert [e.token for e in events] == rt.solo(PROMPT, 120)
     assert stats.run_ahead_steps >= 100 and asked["chained"] >= 100 // 8
-    assert asked["unchained"] <= 3, asked  # the prompt's step and the steps before the stream was diverted
+    # the prompt's step, the steps before the stream was diverted and, on a busy box, a refused offer or
+    # two (the reader not yet waiting): without the follow-on, one per run of 8 steps (about 15)
+    assert asked["unchained"] <= 5, asked

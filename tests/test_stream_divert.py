@@ -71,9 +71,11 @@ async def test_a_refused_event_and_those_behind_it_queue_for_the_reader_in_order
 
 async def test_a_slow_reader_catches_up_then_takes_inline_again():
     with trio.fail_after(10):
-        log, rt = await _run(lambda call: call != 3, 200, read_pause=0.002)  # the third offer refused
+        # the third offer refused; the pause is long enough for tokens to queue behind it on a busy box,
+        # and the stream long enough to go on after it on a fast one
+        log, rt = await _run(lambda call: call != 3, 480, read_pause=0.02)
     events = [e for _, e in log]
-    assert [e.token for e in events if e.token is not None] == rt.solo(PROMPT, 200)
+    assert [e.token for e in events if e.token is not None] == rt.solo(PROMPT, 480)
     ways = "".join("T" if w == "take" else "R" for w, _ in log)
     diverted = ways[ways.index("T"):]
     # two taken, the refused one and those that queued behind it while the reader slept read in one

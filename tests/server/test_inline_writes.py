@@ -325,7 +325,7 @@ async def test_a_run_ahead_writes_from_the_worker_thread_the_same_bytes(monkeypa
         loop = threading.get_ident()
         off_loop = sum(t != loop for t in threads)
         if run_ahead:
-            assert off_loop >= 40 * n_streams, (off_loop, len(threads))
+            assert off_loop >= 20 * n_streams, (off_loop, len(threads))  # of 80 each; most on an idle box
         else:
             assert off_loop == 0
         for i, raw in enumerate(out):
