@@ -199,7 +199,7 @@ def pick(logits: np.ndarray, p: SamplingParams, u: float | None) -> int:
     order, as llama.cpp's dist sampler does: the first whose cumulative weight exceeds u x their
     total (summed a BLOCK at a time, see `_draw`). Nothing is sorted unless top-p asks for it, and
     then only as far as its cut."""
-    if p.temperature == 0:
+    if p.temperature == 0 or np.float32(p.temperature) == 0:  # under float32's least (1.4e-45): its limit
         return int(np.argmax(logits))
     if u is None or not 0.0 <= u < 1.0:
         raise InvalidInputError(f"a non-greedy sample needs a draw in [0, 1), got {u!r}")

@@ -193,3 +193,15 @@ def test_top_k_ids_are_the_k_best_with_ties_to_the_lower_ids(xs, k):
     x = np.array(xs, dtype=np.float32)
     k = min(k, x.size - 1)
     assert sampling.top_k_ids(x, k).tolist() == sorted(np.lexsort((np.arange(x.size), -x))[:k].tolist())
+
+
+@pytest.mark.parametrize("temperature", [5e-324, 1e-300, 1e-46])
+def test_a_temperature_below_float32s_least_picks_the_argmax_without_nan(temperature):
+    """The fuzzer sent such temperatures: 0 in float32, they divided the weights by zero (NaN draws)."""
+    import warnings
+
+    logits = np.array([0.5, 3.0, -1.0, 2.9], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a divide-by-zero RuntimeWarning fails the test
+        for u in (0.0, 0.5, 0.999):
+            assert sampling.pick(logits, SamplingParams(temperature=temperature), u) == 1
