@@ -26,6 +26,7 @@ import attrs
 
 from ..kv import ComponentKind
 from .composer import Emitted, StepPlan, _text_and_finish
+from .effects import Launch
 from .requests import RequestState, TokenEvent
 
 RUN_STEPS = 128  # at most this many steps per run: stats and metrics lag a run behind at most
@@ -100,14 +101,14 @@ def route(plan: StepPlan, result: Any, reserve: int) -> tuple[bool, tuple[Emitte
     return True, undelivered, go_on
 
 
-def run_steps(launch: Any, before: Any, run_launched: Callable[[Any, Any], Any]) -> RunResult:
+def run_steps(launch: Launch, before: Any, run_launched: Callable[[Any, Any], Any]) -> RunResult:
     """The run itself (on the worker thread): decode, route, go on. `run_launched(launch, before)` runs
     one chained step on the runtime (actors.runtime_owner)."""
     spec: RunAhead = launch.run
-    one = attrs.evolve(launch, run=None)
+    plan, samplers = launch.plan, launch.samplers
+    one = Launch(plan, samplers, chained=launch.chained)
     steps: list[tuple[StepPlan, Any, bool]] = []
     undelivered: tuple[Emitted, ...] = ()
-    plan = one.plan
     while True:
         result = run_launched(one, before)
         if not steps and (result.skipped or result.error is not None or not spec.ready.wait(READY_WAIT_S)
@@ -119,5 +120,5 @@ def run_steps(launch: Any, before: Any, run_launched: Callable[[Any, Any], Any])
         if not routed or not go_on or len(steps) >= spec.steps or spec.stop.is_set():
             break
         before, plan = result, plan.advanced()
-        one = attrs.evolve(one, plan=plan)
+        one = Launch(plan, samplers, chained=True)
     return RunResult(tuple(steps), undelivered)

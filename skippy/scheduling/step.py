@@ -195,9 +195,7 @@ class StepScheduler:
         plan, ticket = self._inflight
         nxt = run = None
         if self._steady(plan):
-            nxt = plan.advanced()
-            run = self._run_for(nxt)
-            nticket = yield Launch(nxt, tuple(r.sampler for r in nxt.output_requests), chained=True, run=run)
+            nxt, nticket, run = yield from self._launch_after(plan)
         routed = False
         try:
             result: StepResult = yield Collect(ticket)
@@ -225,6 +223,14 @@ class StepScheduler:
 
     # -- run-ahead (scheduling.run_ahead) --------------------------------------------------
 
+    def _launch_after(self, plan: StepPlan) -> Effects:
+        """Launch the decode step after `plan`, chained on it, as a run where its streams allow one:
+        (its plan, its ticket, its run or None)."""
+        nxt = plan.advanced()
+        run = self._run_for(nxt)
+        ticket = yield Launch(nxt, tuple(r.sampler for r in nxt.output_requests), chained=True, run=run)
+        return nxt, ticket, run
+
     def _run_for(self, plan: StepPlan) -> RunAhead | None:
         """A run from `plan` on, where every stream of it is read inline."""
         if not self.run_ahead or not may_run(plan):
@@ -245,9 +251,7 @@ class StepScheduler:
         if routed and not answer.undelivered and not run.stop.is_set():
             self.ledger = result.ledger
             if self._steady(plan):
-                nxt = plan.advanced()
-                follow = self._run_for(nxt)
-                nticket = yield Launch(nxt, tuple(r.sampler for r in nxt.output_requests), chained=True, run=follow)
+                nxt, nticket, follow = yield from self._launch_after(plan)
                 if follow is not None:
                     follow.ready.set()  # every step before it is routed
                 self._inflight, self._run = (nxt, nticket), follow
