@@ -191,7 +191,7 @@ class ContextRuntime:
 def sample_rows(logits: np.ndarray, samplers: Sequence[Sampler]) -> np.ndarray:
     """One token per logits row: greedy rows in one vectorised argmax, the rest by their own RNG."""
     if all(s.greedy for s in samplers):  # argmax over the logits view itself: no copy of (rows x n_vocab) floats
-        return np.argmax(logits[: len(samplers)], axis=1).astype(np.int64, copy=False)
+        return logits[: len(samplers)].argmax(axis=1).astype(np.int64, copy=False)
     greedy = np.fromiter((s.greedy for s in samplers), dtype=bool, count=len(samplers))
     out = np.empty(len(samplers), dtype=np.int64)
     if greedy.any():

@@ -11,6 +11,7 @@ from ..errors import InvalidBatchError
 from . import _lib
 
 _INT32 = np.iinfo(np.int32)
+_I32, _I8 = np.dtype(np.int32), np.dtype(np.int8)
 
 
 class Batch:
@@ -38,6 +39,18 @@ class Batch:
         outputs: ArrayLike | None = None,
     ) -> "Batch":
         """Load one step's tokens. `outputs` None = the last token of each sequence."""
+        if (type(tokens) is np.ndarray and type(positions) is np.ndarray and type(seq_ids) is np.ndarray
+                and tokens.dtype == _I32 and positions.dtype == _I32 and seq_ids.dtype == _I32
+                and type(outputs) is np.ndarray and outputs.dtype == _I8 and tokens.ndim == 1):
+            n = tokens.shape[0]  # the engine's own arrays (scheduling.composer): int32, 1-D
+            if 0 < n <= self.capacity and positions.shape == seq_ids.shape == outputs.shape == (n,):
+                self.tokens[:n] = tokens
+                self.positions[:n] = positions
+                self.seq_ids[:n] = seq_ids
+                np.not_equal(outputs, 0, out=self.outputs[:n], casting="unsafe")  # astype(bool), no temporary
+                self.n_tokens = n
+                self.carries_hidden = False
+                return self
         tok = np.asarray(tokens)
         n = tok.shape[0] if tok.ndim == 1 else -1
         if tok.ndim != 1 or n == 0:

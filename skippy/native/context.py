@@ -30,6 +30,8 @@ from ..kv import ComponentKind, Ledger, MemoryComponent
 from .batch import Batch
 from .model import Model
 
+_KINDS = {int(k): k for k in ComponentKind}  # the ledger's kinds by value: a dict lookup per step, not an enum call
+
 FlashAttn = Literal["auto", "on", "off"]
 MAX_SEQ = 256  # llama_max_parallel_sequences() in the pinned build; checked at context creation
 
@@ -137,6 +139,9 @@ class Context:
         lib.llama_set_abort_callback(ptr, lib.skippy_abort_if_flag, self._abort_flag)
         self._guard = threading.Lock()
         self._ledger_buf = self._ffi.new("struct llama_memory_component_info[]", 8)
+        self._bad = self._ffi.new("int32_t[2]")  # skippy_check_batch's report
+        self._logits_key: tuple[int, int] | None = None  # (address, rows) of the last logits view
+        self._logits_view: np.ndarray | None = None
         self.n_vocab = model.n_vocab
         self.n_ctx = int(lib.llama_n_ctx(ptr))
         self.n_batch = int(lib.llama_n_batch(ptr))
@@ -165,6 +170,7 @@ class Context:
             self._lib.llama_free(self._ptr)
             self._ptr = None
             self._mem = None
+            self._logits_key = self._logits_view = None
 
     def __enter__(self) -> "Context":
         return self
@@ -192,8 +198,7 @@ class Context:
             raise ContextError("context is already in use by another thread")
         try:
             ptr = self._handle()
-            self._validate(batch)
-            code = int(self._lib.llama_decode(ptr, batch._as_c()))
+            code = int(self._lib.llama_decode(ptr, self._validate(batch)))
             self._abort_flag[0] = 0
             if code != 0:
                 raise _decode_error(code)
@@ -203,10 +208,13 @@ class Context:
             if n_out == 0:
                 return np.empty((0, self.n_vocab), dtype=np.float32)
             logits = self._lib.llama_get_logits(ptr)
-            view = np.frombuffer(self._ffi.buffer(logits, n_out * self.n_vocab * 4), dtype=np.float32)
-            view = view.reshape(n_out, self.n_vocab)
-            view.flags.writeable = False
-            return view
+            key = (int(self._ffi.cast("uintptr_t", logits)), n_out)
+            if key != self._logits_key:  # the same rows of the same buffer as the last decode's: that view
+                view = np.frombuffer(self._ffi.buffer(logits, n_out * self.n_vocab * 4), dtype=np.float32)
+                view = view.reshape(n_out, self.n_vocab)
+                view.flags.writeable = False
+                self._logits_key, self._logits_view = key, view
+            return self._logits_view
         finally:
             self._guard.release()
 
@@ -251,7 +259,9 @@ class Context:
         """Test only: how many armed faults have fired on this context."""
         return int(self._lib.llama_test_fault_fired(self._handle()))
 
-    def _validate(self, batch: Batch) -> None:
+    def _validate(self, batch: Batch) -> Any:
+        """The batch as llama_decode takes it, once every check passed (skippy_check_batch, in C: these
+        run between two decodes, where numpy's small-array calls cost about 0.1 ms a step)."""
         n = batch.n_tokens
         if n == 0:
             raise InvalidBatchError("batch is empty")
@@ -262,30 +272,25 @@ class Context:
             raise InvalidBatchError(f"this model computes layers {self.model.layers}: its input is {want}")
         if batch.carries_hidden and batch.n_embd != self.model.n_embd:
             raise InvalidBatchError(f"hidden states are {batch.n_embd} wide, the model's n_embd is {self.model.n_embd}")
-        tokens = batch.tokens[:n]
-        if not batch.carries_hidden and (tokens.min() < 0 or tokens.max() >= self.n_vocab):
-            bad = int(tokens[(tokens < 0) | (tokens >= self.n_vocab)][0])
-            raise InvalidBatchError(f"token id {bad} is outside the vocabulary [0, {self.n_vocab})")
-        seq = batch.seq_ids[:n]
-        if seq.min() < 0 or seq.max() >= self.n_seq_max:
-            bad = int(seq[(seq < 0) | (seq >= self.n_seq_max)][0])
-            raise InvalidBatchError(f"seq id {bad} is outside [0, n_seq_max={self.n_seq_max})")
-        pos = batch.positions[:n]
-        if pos.min() < 0:
-            raise InvalidBatchError(f"negative position {int(pos.min())}")
-        order = np.argsort(seq, kind="stable")
-        s, p = seq[order], pos[order]
-        same = s[1:] == s[:-1]
-        steps = np.diff(p)[same]
-        if steps.size and (steps != 1).any():
-            bad_seq = int(s[1:][same][steps != 1][0])
-            raise InvalidBatchError(f"positions of seq {bad_seq} are not consecutive and increasing within the batch")
-        starts = np.flatnonzero(np.concatenate(([True], ~same)))
-        for i in starts:
-            seq_id, first = int(s[i]), int(p[i])
-            last = int(self._lib.llama_memory_seq_pos_max(self._mem, seq_id))
-            if last >= 0 and first != last + 1:
-                raise InvalidBatchError(f"seq {seq_id} continues at position {first}, but its memory ends at {last}")
+        c_batch = batch._as_c()
+        bad = self._bad
+        code = self._lib.skippy_check_batch(self._mem, batch._struct, self.n_vocab, self.n_seq_max, bad)
+        if code == 0:
+            return c_batch
+        i = bad[0]
+        if code == 1:
+            raise InvalidBatchError(f"token id {int(batch.tokens[i])} is outside the vocabulary [0, {self.n_vocab})")
+        if code == 2:
+            raise InvalidBatchError(f"seq id {int(batch.seq_ids[i])} is outside [0, n_seq_max={self.n_seq_max})")
+        if code == 3:
+            raise InvalidBatchError(f"negative position {int(batch.positions[i])}")
+        if code == 4:
+            raise InvalidBatchError(f"positions of seq {int(batch.seq_ids[i])} are not consecutive and increasing "
+                                    "within the batch")
+        if code == 5:
+            raise InvalidBatchError(f"seq {int(batch.seq_ids[i])} continues at position {int(batch.positions[i])}, "
+                                    f"but its memory ends at {bad[1]}")
+        raise ContextError(f"n_seq_max {self.n_seq_max} is above llama.cpp's LLAMA_MAX_SEQ ({MAX_SEQ})")
 
     # -- memory --------------------------------------------------------------
 
@@ -336,12 +341,13 @@ class Context:
                                          "the KV ledger cannot describe this memory type")
         try:  # called every step: no check beyond what building the ledger does
             return Ledger(tuple(
-                MemoryComponent(ComponentKind(buf[i].kind), int(buf[i].size), int(buf[i].used), int(buf[i].bytes))
-                for i in range(min(n, len(buf)))
+                MemoryComponent(_KINDS[c.kind], c.size, c.used, c.bytes)
+                for c in (buf[i] for i in range(min(n, len(buf))))
             ))
-        except ValueError as exc:  # a component kind this skippy does not know
+        except KeyError as exc:  # a component kind this skippy does not know
             raise UnsupportedMemoryError(self.memory_type() or "unknown", self.model.arch,
-                                         f"the KV ledger reports an unknown component ({exc})") from None
+                                         f"the KV ledger reports an unknown component ({exc.args[0]} is not a valid "
+                                         "ComponentKind)") from None
 
     def memory_type(self) -> str:
         """The C++ class of the memory llama.cpp built for this context ("llama_kv_cache", ...), "none"
