@@ -208,7 +208,8 @@ def pick(logits: np.ndarray, p: SamplingParams, u: float | None) -> int:
     if ids is not None:
         x = x[ids]
     w = x - x.max()
-    w /= np.float32(p.temperature)
+    with np.errstate(over="ignore"):  # a tiny temperature sends every weight but the best's to -inf: 0, its limit
+        w /= np.float32(p.temperature)
     np.exp(w, out=w)
     kept = None  # local indices, ascending; None: every candidate
     if p.top_p < 1:

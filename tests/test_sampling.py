@@ -205,3 +205,16 @@ def test_a_temperature_below_float32s_least_picks_the_argmax_without_nan(tempera
         warnings.simplefilter("error")  # a divide-by-zero RuntimeWarning fails the test
         for u in (0.0, 0.5, 0.999):
             assert sampling.pick(logits, SamplingParams(temperature=temperature), u) == 1
+
+
+@pytest.mark.parametrize("temperature", [1e-44, 1e-40, 1e-38, 1e-30])
+def test_a_temperature_that_overflows_the_scaled_logits_weighs_only_the_best(temperature):
+    """The fuzzer sent such temperatures too: nonzero in float32, (x - max) / t overflows to -inf for
+    every logit but the best, whose weight is exp(0) = 1 (the argmax, the limit), and numpy warned."""
+    import warnings
+
+    logits = np.array([0.5, 3.0, -1.0, 2.9], dtype=np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # an overflow RuntimeWarning fails the test
+        for u in (0.0, 0.5, 0.999):
+            assert sampling.pick(logits, SamplingParams(temperature=temperature), u) == 1
