@@ -1,6 +1,6 @@
 """The worker thread's time outside llama_decode per token during a run ahead, in-process, N=1.
 
-    python bench/run_ahead_step_cost.py [--inv] [--rounds 6] [--max-tokens 256]
+    python bench/run_ahead_step_cost.py [--inv] [--rounds 6] [--max-tokens 256] [--model smollm2]
 
 One engine (SmolLM2, 2 threads, a 16384-cell pool; `--no-batch-invariant` unless --inv). Each round
 streams one greedy request; after its first token the stream is diverted (GenerationStream.divert) to
@@ -55,10 +55,10 @@ async def main(a: argparse.Namespace) -> None:
         near.send(b"data: " + body + b"\n\n")
         return True
 
-    async with skippy.open_engine("smollm2", n_ctx=16384, threads=2, batch_invariant=a.inv) as engine:
+    async with skippy.open_engine(a.model, n_ctx=a.n_ctx, threads=2, batch_invariant=a.inv) as engine:
         timed = TimedLib(engine.runtime.ctx._lib)
         engine.runtime.ctx._lib = timed
-        prompt = list(range(100, 228))
+        prompt = list(range(100, 100 + a.prompt_len))
         rows = []
         for r in range(a.rounds):
             stream = engine.generate(prompt, max_tokens=a.max_tokens, ignore_eos=True)
@@ -82,4 +82,7 @@ if __name__ == "__main__":
     p.add_argument("--inv", action="store_true", help="batch-invariant kernels (skippy's default)")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--model", default="smollm2", help="a model name or GGUF path (the test: a synthetic one)")
+    p.add_argument("--n-ctx", type=int, default=16384)
+    p.add_argument("--prompt-len", type=int, default=128)
     trio.run(main, p.parse_args())
