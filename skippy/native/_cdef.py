@@ -152,7 +152,7 @@ float * llama_get_embeddings(struct llama_context * ctx);
 extern "Python" void skippy_log_callback(enum ggml_log_level level, const char * text, void * user_data);
 void skippy_bind_seq_ids(llama_seq_id ** ptrs, llama_seq_id * flat, int32_t n);
 bool skippy_abort_if_flag(void * data);
-int32_t skippy_check_batch(llama_memory_t mem, const struct llama_batch * batch, int32_t n_vocab, int32_t n_seq_max,
+int32_t skippy_check_batch(llama_memory_t mem, struct llama_batch batch, int32_t n_vocab, int32_t n_seq_max,
                            int32_t * bad);
 """
 
@@ -174,20 +174,20 @@ static void skippy_bind_seq_ids(llama_seq_id ** ptrs, llama_seq_id * flat, int32
    positions not consecutive and increasing within the batch, 5 a sequence that does not continue its
    memory (bad[1] = where the memory ends); -1 more than 256 sequences. bad[0] = the index of the offending token. Each check runs
    over the whole batch before the next, in _validate's order. */
-static int32_t skippy_check_batch(llama_memory_t mem, const struct llama_batch * batch, int32_t n_vocab,
+static int32_t skippy_check_batch(llama_memory_t mem, struct llama_batch batch, int32_t n_vocab,
                                   int32_t n_seq_max, int32_t * bad) {
-    const int32_t n = batch->n_tokens;
-    if (batch->token != NULL) {
+    const int32_t n = batch.n_tokens;
+    if (batch.token != NULL) {
         for (int32_t i = 0; i < n; ++i) {
-            if (batch->token[i] < 0 || batch->token[i] >= n_vocab) { bad[0] = i; return 1; }
+            if (batch.token[i] < 0 || batch.token[i] >= n_vocab) { bad[0] = i; return 1; }
         }
     }
     for (int32_t i = 0; i < n; ++i) {
-        const llama_seq_id s = batch->seq_id[i][0];
+        const llama_seq_id s = batch.seq_id[i][0];
         if (s < 0 || s >= n_seq_max) { bad[0] = i; return 2; }
     }
     for (int32_t i = 0; i < n; ++i) {
-        if (batch->pos[i] < 0) { bad[0] = i; return 3; }
+        if (batch.pos[i] < 0) { bad[0] = i; return 3; }
     }
     /* at[s]: the index of sequence s's token seen last in the batch, -1 before its first */
     int32_t at[256];  /* llama.cpp's LLAMA_MAX_SEQ: no context has more sequences */
@@ -195,17 +195,17 @@ static int32_t skippy_check_batch(llama_memory_t mem, const struct llama_batch *
     for (int32_t s = 0; s < n_seq_max; ++s) { at[s] = -1; }
     int32_t code = 0;
     for (int32_t i = 0; i < n && code == 0; ++i) {  /* each token continues its sequence's last one */
-        const llama_seq_id s = batch->seq_id[i][0];
-        if (at[s] >= 0 && batch->pos[i] != batch->pos[at[s]] + 1) { bad[0] = i; code = 4; }
+        const llama_seq_id s = batch.seq_id[i][0];
+        if (at[s] >= 0 && batch.pos[i] != batch.pos[at[s]] + 1) { bad[0] = i; code = 4; }
         at[s] = i;
     }
     for (int32_t s = 0; s < n_seq_max; ++s) { at[s] = -1; }
     for (int32_t i = 0; i < n && code == 0; ++i) {  /* each sequence's first token continues its memory */
-        const llama_seq_id s = batch->seq_id[i][0];
+        const llama_seq_id s = batch.seq_id[i][0];
         if (at[s] >= 0) { continue; }
         at[s] = i;
         const llama_pos last = llama_memory_seq_pos_max(mem, s);
-        if (last >= 0 && batch->pos[i] != last + 1) { bad[0] = i; bad[1] = last; code = 5; }
+        if (last >= 0 && batch.pos[i] != last + 1) { bad[0] = i; bad[1] = last; code = 5; }
     }
     return code;
 }

@@ -274,7 +274,7 @@ class Context:
             raise InvalidBatchError(f"hidden states are {batch.n_embd} wide, the model's n_embd is {self.model.n_embd}")
         c_batch = batch._as_c()
         bad = self._bad
-        code = self._lib.skippy_check_batch(self._mem, batch._struct, self.n_vocab, self.n_seq_max, bad)
+        code = self._lib.skippy_check_batch(self._mem, c_batch, self.n_vocab, self.n_seq_max, bad)
         if code == 0:
             return c_batch
         i = bad[0]
@@ -341,8 +341,7 @@ class Context:
                                          "the KV ledger cannot describe this memory type")
         try:  # called every step: no check beyond what building the ledger does
             return Ledger(tuple(
-                MemoryComponent(_KINDS[c.kind], c.size, c.used, c.bytes)
-                for c in (buf[i] for i in range(min(n, len(buf))))
+                MemoryComponent(_KINDS[c.kind], c.size, c.used, c.bytes) for c in buf[0:min(n, len(buf))]
             ))
         except KeyError as exc:  # a component kind this skippy does not know
             raise UnsupportedMemoryError(self.memory_type() or "unknown", self.model.arch,
