@@ -88,12 +88,17 @@ def _prefix_config(args: argparse.Namespace) -> dict:
 
 
 def _latency_config(args: argparse.Namespace) -> dict:
-    """Kernels and the per-token latency target; the target is passed only when given, so an
-    engine without that option still opens with the defaults."""
+    """Kernels and the latency targets; a target is passed only when given, so an engine without
+    that option still opens with the defaults."""
     config: dict = {"batch_invariant": args.batch_invariant}
-    if args.tpot_target_ms is not None:
-        config["tpot_target_ms"] = args.tpot_target_ms
-    if not getattr(args, "run_ahead", True):  # passed only when off, as the target
+    for name in ("ttft_slo_ms", "tpot_slo_ms"):
+        if getattr(args, name, None) is not None:
+            config[name] = getattr(args, name)
+    if getattr(args, "shed_late", False):
+        config["shed_late"] = True
+    if not getattr(args, "slo_scheduling", True):
+        config["slo_scheduling"] = False
+    if not getattr(args, "run_ahead", True):  # passed only when off, as the targets
         config["run_ahead"] = False
     return config
 
@@ -103,8 +108,8 @@ def _target_ms(text: str) -> float:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a number of milliseconds: {text!r}") from None
-    if not 0 <= value < float("inf"):  # NaN fails too
-        raise argparse.ArgumentTypeError(f"a latency target must be >= 0 ms (0: no budget), got {text!r}")
+    if not 0 < value < float("inf"):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"a latency target must be a positive number of ms, got {text!r}")
     return value
 
 
@@ -117,10 +122,20 @@ def _add_latency_options(parser: argparse.ArgumentParser) -> None:
                         help="batch-invariant kernels: a request's tokens do not depend on its batch-mates "
                              "(default: on); --no-batch-invariant loads repacked weights and uses the default "
                              "kernels (faster per token, outputs may vary with the batch)")
-    parser.add_argument("--tpot-target-ms", type=_target_ms, default=None, metavar="MS",
-                        help="per-token latency target: a step carrying decodes takes only as much prefill as "
-                             "keeps it within MS (default: four decode-only steps, at most 0.2 of a full n_batch step; "
-                             "0: no budget)")
+    parser.add_argument("--ttft-slo-ms", type=_target_ms, default=None, metavar="MS",
+                        help="time-to-first-token target: waiting requests go least slack first, and one that "
+                             "can no longer make it stops taking budget from those that can (default: 10x the "
+                             "request's prompt computed alone on this machine)")
+    parser.add_argument("--tpot-slo-ms", "--tpot-target-ms", dest="tpot_slo_ms", type=_target_ms, default=None,
+                        metavar="MS", help="time-per-output-token target: each step takes only the prefill the "
+                             "running streams' slack allows, and admission stops before one more stream would "
+                             "push decodes past it (default: 5x a one-row decode step on this machine)")
+    parser.add_argument("--shed-late", action="store_true",
+                        help="refuse (429 + Retry-After) a request that can no longer meet its TTFT target when its "
+                             "turn comes, instead of serving it after the on-time ones")
+    parser.add_argument("--slo-scheduling", action=argparse.BooleanOptionalAction, default=True,
+                        help="plan steps and admission against the targets (default: on); --no-slo-scheduling "
+                             "fills every step up to n_batch and admits by memory alone (for comparison)")
 
 
 def _bytes(text: str) -> int:

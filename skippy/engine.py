@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import math
 import os
+import time
 from pathlib import Path
 from contextlib import asynccontextmanager
 from typing import Any, AsyncIterator, Callable, Mapping, Sequence
@@ -27,7 +28,7 @@ from .actors.preemption import PreemptionActor
 from .actors.runtime_owner import RuntimeOwner
 from .actors.worker import Worker
 from .errors import EngineClosedError, InvalidInputError, StreamStateError
-from .runtime import ContextRuntime, Runtime
+from .runtime import ContextRuntime, Runtime, probe_step_costs
 from .sampling import SamplingParams
 from .scheduling.admission import Admission, fcfs_priority
 from .scheduling.lanes import LanePlan
@@ -36,6 +37,7 @@ from .scheduling.preemption import Preemption, VictimOrder
 from .scheduling.prefix import PrefixCache
 from .scheduling.requests import Request, TokenEvent, cancelled_event, validate
 from .scheduling.budget import TokenBudget
+from .scheduling.slo import SloPolicy, check_target, reference_ttft
 from .scheduling.step import StepScheduler
 from .telemetry import EngineStats, StepReport, make_stats
 
@@ -72,12 +74,17 @@ class EngineConfig:
     # when none is stored (seconds on a small model), "require" also refuses a model that fails
     # (InvarianceError), "off" skips it. The verdict is Engine.invariance and /metrics' skippy_batch_invariant.
     verify_invariance: str = "cached"
-    # Stall-free steps (scheduling.budget): a step that carries decodes takes only as much prefill as
-    # keeps it within this many ms (its measured cost model decides); None: four decode-only steps
-    # (scheduling.budget.DEFAULT_STALL_FACTOR), at most 0.2 of a full n_batch step (FULL_STEP_SHARE),
-    # 0: no budget (every step may fill n_batch).
-    tpot_target_ms: float | None = None
-    min_prefill_tokens: int = 32  # a mixed step always moves prompts by at least this much
+    # Latency targets (scheduling.slo): every step and every admission is planned against them. None:
+    # derived at open from this machine's step costs (TPOT 5x a one-row decode step, TTFT 10x the
+    # request's prompt computed alone), said in one log line and shown in stats() and /metrics.
+    ttft_slo_ms: float | None = None
+    tpot_slo_ms: float | None = None
+    # A request that can no longer meet its TTFT target when its turn comes is refused (LateRequestError,
+    # HTTP 429 + Retry-After) instead of served late; off: it is served after the on-time ones.
+    shed_late: bool = False
+    # False: no targets and no budget (every step may fill n_batch, admission by memory alone)
+    slo_scheduling: bool = True
+    min_prefill_tokens: int = 1  # a mixed step always moves prompts by at least this much
     # Overlap steady decode steps (scheduling.step: the next step is launched before this one's
     # tokens are routed and streamed, so Python work runs while the model computes). Same outputs.
     overlap_steps: bool = True
@@ -306,10 +313,11 @@ class Policies:
     scheduler: StepScheduler
 
 
-def build_policies(runtime: Runtime, cfg: EngineConfig, plan: LanePlan) -> Policies:
+def build_policies(runtime: Runtime, cfg: EngineConfig, plan: LanePlan, clock: Callable[[], float] = time.perf_counter
+                   ) -> Policies:
     scheduler = StepScheduler(runtime.n_batch, cfg.decode_reserve, runtime.ledger(), _prefix_cache(runtime, cfg, plan),
                               budget=_token_budget(runtime.n_batch, cfg), overlap=bool(cfg.overlap_steps),
-                              run_ahead=bool(cfg.run_ahead),
+                              run_ahead=bool(cfg.run_ahead), clock=clock,
                               exact=bool(getattr(runtime, "share_exact", False)))
     exact = bool(getattr(runtime, "share_exact", False))
     return Policies(Admission(plan.ceiling, cfg.max_waiting, cfg.decode_reserve, cfg.priority_key, exact),
@@ -317,22 +325,30 @@ def build_policies(runtime: Runtime, cfg: EngineConfig, plan: LanePlan) -> Polic
 
 
 def _token_budget(n_batch: int, cfg: EngineConfig) -> TokenBudget:
-    t = cfg.tpot_target_ms
-    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or t < 0 or t != t):
-        raise InvalidInputError(f"tpot_target_ms must be a number >= 0 (0: no budget), got {t!r}")
-    target = None if t is None else (math.inf if t == 0 else t / 1000.0)
-    return TokenBudget(n_batch, target, min_prefill=max(1, int(cfg.min_prefill_tokens)))
+    ttft, tpot = check_target("ttft_slo_ms", cfg.ttft_slo_ms), check_target("tpot_slo_ms", cfg.tpot_slo_ms)
+    slo = SloPolicy(ttft_s=ttft, tpot_s=tpot, shed_late=bool(cfg.shed_late)) if cfg.slo_scheduling else None
+    return TokenBudget(n_batch, slo, min_prefill=max(1, int(cfg.min_prefill_tokens)))
+
+
+def _ttft_shown(slo: SloPolicy | None) -> float | None:
+    """The TTFT target as stats show it: the configured one, or the derived one of a REFERENCE_PROMPT."""
+    if slo is None or slo.targets is None:
+        return None
+    return slo.targets.ttft_s if slo.targets.ttft_s is not None else reference_ttft(slo.cost)
 
 
 def policy_stats(p: Policies, ceiling: int) -> EngineStats:
     """The engine's stats from its policies' state now."""
     s, prefix = p.scheduler, p.scheduler.prefix
+    targets = s.slo.targets if s.slo is not None else None
     return make_stats(
         s.totals, ceiling=ceiling, running=len(s.running), waiting=len(p.admission.waiting), ledger=s.ledger,
         submitted=p.admission.submitted, admitted=p.admission.admitted, rejected=p.admission.rejected,
         preemptions=p.preemption.total, cancelled_waiting=p.admission.cancelled,
         prefix_entries=len(prefix.entries) if prefix else 0,
-        prefix_resident_tokens=prefix.resident_tokens if prefix else 0)
+        prefix_resident_tokens=prefix.resident_tokens if prefix else 0,
+        slo_ttft_s=_ttft_shown(s.slo), slo_tpot_s=targets.tpot_s if targets else None,
+        slo_shed=p.admission.shed)
 
 
 class Engine:
@@ -437,7 +453,8 @@ class Engine:
             params = sampling if i == 0 or sampling.seed is None else attrs.evolve(sampling, seed=sampling.seed + i)
             request = Request(rid, tokens, int(max_tokens), params, priority, stops, arrival=rid,
                               ignore_eos=bool(ignore_eos), logprobs=logprobs,
-                              prompt_logprobs=prompt_logprobs if i == 0 else None, fork_of=parent, choice=i)
+                              prompt_logprobs=prompt_logprobs if i == 0 else None, fork_of=parent, choice=i,
+                              t_arrival=self._policies.scheduler.clock())
             if grammar is not None:  # its own matcher per choice (skippy.constrain)
                 request.sampler.constraint = grammar.constraint()
             parent = parent or request
@@ -539,11 +556,16 @@ async def open_engine(model: Any = None, **config: Any) -> AsyncIterator[Engine]
     runtime, plan = _open_runtime(model, cfg)
     try:
         invariance = await _verify_invariance(runtime, cfg)
+        probe = await trio.to_thread.run_sync(probe_step_costs, runtime) if cfg.slo_scheduling else []
     except BaseException:
         runtime.close()
         raise
     async with _serve(runtime, cfg, plan, None) as engine:
         engine.invariance = invariance
+        scheduler = engine._policies.scheduler
+        if scheduler.slo is not None and probe:
+            scheduler.slo.calibrate(probe)
+            scheduler.tell_targets()
         yield engine
 
 

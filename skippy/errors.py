@@ -96,6 +96,17 @@ class OverloadedError(SkippyError):
         self.limit = limit
 
 
+class LateRequestError(SkippyError):
+    """Shed (`shed_late`): the request could no longer meet its first-token target when its turn came,
+    so it was refused rather than served late (HTTP 429 with Retry-After). Nothing of it ran."""
+
+    def __init__(self, request_id: int, waited_s: float, retry_after_s: float) -> None:
+        super().__init__(f"request {request_id} shed: it waited {waited_s:.2f} s and can no longer meet its "
+                         f"time-to-first-token target; retry in about {retry_after_s:.0f} s")
+        self.waited_s = waited_s
+        self.retry_after_s = retry_after_s
+
+
 class EmptyPromptError(InvalidInputError):
     """The prompt has no tokens."""
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Any, Protocol, Sequence
 
 import attrs
 import numpy as np
@@ -186,6 +186,39 @@ class ContextRuntime:
         self.ctx.close()
         if self._own_model:
             self.model.close()
+
+
+PROBE_PROMPTS = (32, 128)  # prompt lengths the probe at open computes, each then decoded PROBE_DECODES times
+PROBE_DECODES = 3
+
+
+def probe_step_costs(runtime: ContextRuntime) -> list[tuple[Any, float]]:
+    """Time a few steps of known shape on the engine's own context before it serves (a prompt, then
+    one-row decodes after it, for each of PROBE_PROMPTS), and leave the memory as it was: what the
+    step-cost model starts from, so the latency targets are this machine's from the first request.
+    Runs on the worker thread's side of things: call it before the engine starts."""
+    from .scheduling.cost import StepShape, attended_kcells
+
+    samples: list[tuple[Any, float]] = []
+    n_vocab = runtime.n_vocab
+    for n in PROBE_PROMPTS:
+        n = min(n, runtime.n_batch, runtime.n_ctx - PROBE_DECODES - 1)
+        if n < 2:
+            break
+        tokens = (np.arange(n, dtype=np.int32) * 7 + 1) % n_vocab
+        try:
+            t0 = time.perf_counter()
+            runtime.decode(tokens, np.arange(n, dtype=np.int32), np.zeros(n, dtype=np.int32),
+                           np.r_[np.zeros(n - 1, dtype=np.int8), np.ones(1, dtype=np.int8)])
+            samples.append((StepShape(0, n, attended_kcells(0, n), 1), time.perf_counter() - t0))
+            for i in range(PROBE_DECODES):
+                t0 = time.perf_counter()
+                runtime.decode(np.array([(n + i) % n_vocab], dtype=np.int32), np.array([n + i], dtype=np.int32),
+                               np.zeros(1, dtype=np.int32), np.ones(1, dtype=np.int8))
+                samples.append((StepShape(1, 0, (n + i + 1) / 1000.0, 0), time.perf_counter() - t0))
+        finally:
+            runtime.seq_rm(0)
+    return samples
 
 
 def sample_rows(logits: np.ndarray, samplers: Sequence[Sampler]) -> np.ndarray:

@@ -69,6 +69,12 @@ class EngineStats:
     kv_bytes_per_cell: Mapping[ComponentKind, float] = attrs.field(factory=dict)  # per slot for RECURRENT
     t_busy: float = 0.0  # wall seconds between consecutive busy step starts
     t_busy_decode: float = 0.0  # of which inside the runtime's decode
+    # latency targets (scheduling.slo): seconds (None: not resolved yet; ttft None: per request, derived)
+    slo_ttft_s: float | None = None
+    slo_tpot_s: float | None = None
+    slo_met: int = 0  # finished within both targets
+    slo_missed: int = 0  # finished past one
+    slo_shed: int = 0  # refused as late (shed_late)
 
     @property
     def step_overhead_pct(self) -> float:
@@ -101,6 +107,8 @@ class Totals:
     kv_used_peak: dict = attrs.field(factory=dict)
     t_busy: float = 0.0  # wall time from each step's start to the next one's while the engine is busy
     t_busy_decode: float = 0.0  # of which inside the runtime's decode
+    slo_met: int = 0  # finished within both latency targets (scheduling.slo)
+    slo_missed: int = 0  # finished, but past a target
 
     def record(self, r: StepReport, output_tokens: int) -> None:
         self.steps += 1
@@ -119,7 +127,8 @@ class Totals:
 
 def make_stats(totals: Totals, *, ceiling: int, running: int, waiting: int, ledger: Ledger | None,
                submitted: int, admitted: int, rejected: int, preemptions: int, cancelled_waiting: int,
-               prefix_entries: int = 0, prefix_resident_tokens: int = 0) -> EngineStats:
+               prefix_entries: int = 0, prefix_resident_tokens: int = 0, slo_ttft_s: float | None = None,
+               slo_tpot_s: float | None = None, slo_shed: int = 0) -> EngineStats:
     """EngineStats from the step totals and the levels as they are now (vLLM's make_stats())."""
     components = ledger.components if ledger else ()
     finished = dict(totals.finished)
@@ -138,4 +147,6 @@ def make_stats(totals: Totals, *, ceiling: int, running: int, waiting: int, ledg
         kv_used_peak=dict(totals.kv_used_peak),
         kv_bytes_per_cell={c.kind: c.bytes / c.size for c in components if c.size},
         t_busy=totals.t_busy, t_busy_decode=totals.t_busy_decode,
+        slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, slo_met=totals.slo_met, slo_missed=totals.slo_missed,
+        slo_shed=slo_shed,
     )

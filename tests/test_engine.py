@@ -335,7 +335,7 @@ async def test_repeated_preemption_of_one_request_is_bounded(victims):
     rt = FakeRuntime(n_ctx=80, n_batch=16, n_seq_max=4)
     with trio.fail_after(20):
         async with open_fake_engine(rt, decode_reserve=2, max_preemptions=2, victim_policy=victims) as engine:
-            low = engine.generate(prompt(0, 10), max_tokens=60, priority=0)
+            low = engine.generate(prompt(0, 10), max_tokens=60, priority=1)  # higher value, lower priority
             results = {}
 
             async def consume(name, s):
@@ -347,7 +347,7 @@ async def test_repeated_preemption_of_one_request_is_bounded(victims):
                     while engine.stats().steps < 8 * wave:
                         await trio.sleep(0.001)
                     for j in range(2):
-                        s = engine.generate(prompt(10 + 2 * wave + j, 10), max_tokens=25, priority=1)
+                        s = engine.generate(prompt(10 + 2 * wave + j, 10), max_tokens=25, priority=0)
                         nursery.start_soon(consume, (wave, j), s)
             assert engine.stats().preemptions >= 2
     assert low.request.preemptions == 2 and low.request.pinned

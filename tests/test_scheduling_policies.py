@@ -44,7 +44,7 @@ def ledger(attn_free: int, size: int = 100, swa_used: int | None = None, rec: tu
 
 def test_admission_is_fcfs_then_priority_and_never_skips_the_head():
     a = Admission(ceiling=8, max_waiting=10, decode_reserve=2)
-    big, small, urgent = req(0, n=50), req(1, n=5), req(2, n=5, priority=1)
+    big, small, urgent = req(0, n=50), req(1, n=5), req(2, n=5, priority=-1)  # lower is served first
     for r in (big, small, urgent):
         a.submit(r)
     assert [r.id for r in a.waiting] == [2, 0, 1]
@@ -211,7 +211,7 @@ def test_victims_newest_first_and_fewest_outputs_first():
     assert Preemption("fewest_outputs").choose([a, b, d], {ATTN: 5}) == [d]
     assert Preemption("newest").choose([a, b, d], {ATTN: 25}) == [b, d]
     low = running(3, n=10, cached=10, seq=3)
-    low.priority, low.admitted_at = -1, 0
+    low.priority, low.admitted_at = 1, 0  # a higher value is a lower priority: the first victim
     assert Preemption("newest").choose([a, b, d, low], {ATTN: 5}) == [low]
 
 

@@ -18,6 +18,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from skippy.kv import ComponentKind
 from skippy.scheduling import RequestState
+from skippy.scheduling.admission import fcfs_priority, slo_order
 from skippy.testing import FakeRuntime, SyncScheduler, chain
 
 pytestmark = pytest.mark.stateful
@@ -31,14 +32,21 @@ PREFIXES = [[(7 * k + 3 * j) % 31 + 1 for k in range(40)] for j in range(3)]
 
 class PolicyMachine(RuleBasedStateMachine):
     RECURRENT = True
+    SLO: dict = {}  # latency targets (scheduling.slo); none: derived from the fake's simulated step costs
 
     def __init__(self) -> None:
         super().__init__()
         self.memory = FakeRuntime(n_ctx=CAPACITY, n_batch=24, n_seq_max=CEILING + SLOTS, n_vocab=32,
                                   recurrent=self.RECURRENT, eog_every=23, prefix=True)
         self.sim = SyncScheduler(self.memory, max_waiting=6, decode_reserve=3, max_preemptions=MAX_PREEMPTIONS,
-                                 prefix_slots=SLOTS, prefix_budget_tokens=120, prefix_block=8)
+                                 prefix_slots=SLOTS, prefix_budget_tokens=120, prefix_block=8, **self.SLO)
         self.tenant_took_memory = False
+
+    @rule(ms=st.sampled_from([1, 5, 20, 100]))
+    def time_passes(self, ms):
+        """The clock moves with nothing computing (a client's think time): waiting requests age, and may
+        become late."""
+        self.memory.clock.advance(ms / 1000)
 
     @initialize(n=st.integers(2, 6), prompt_len=st.integers(8, 50), shared=st.booleans())
     def a_busy_start(self, n, prompt_len, shared):
@@ -128,16 +136,23 @@ class PolicyMachine(RuleBasedStateMachine):
             assert self.memory.hashes(seq_id) == chain(entry.tokens), seq_id
 
     @invariant()
-    def fcfs_among_equal_priority(self):
-        log = self.sim.admission_log
-        for i, r in enumerate(log):
-            for q in log[i + 1 :]:
-                if q.priority == r.priority:
-                    assert q.arrival > r.arrival, (r, q)
-        for r in log:  # nobody of the same priority that arrived earlier is still waiting, never admitted
-            for w in self.sim.admission.waiting:
-                if w.preemptions == 0 and w.priority == r.priority:
-                    assert w.arrival > r.arrival, (r, w)
+    def admission_follows_the_order(self):
+        """Admission is strictly in the queue's order: every request an Admit round took comes before every
+        fresh request it left waiting. Without targets that order is priority (lower first), then FCFS;
+        with them (scheduling.slo) aged priority, on-time before late, then the first-token deadline."""
+        if self.sim.last_admit is None:
+            return
+        admitted, waiting, gate = self.sim.last_admit
+        key = fcfs_priority if gate is None else (lambda r: slo_order(r, gate.now))
+        for r in admitted:
+            for w in waiting:
+                if w.preemptions == 0 and not w.cancel_requested:
+                    assert key(r) <= key(w), (r.id, key(r), w.id, key(w))
+
+    @invariant()
+    def steps_stay_within_n_batch(self):
+        for report in self.sim.reports[-4:]:
+            assert report.prefill_tokens + report.decode_tokens <= self.sim.runtime.n_batch
 
     @invariant()
     def streams_get_each_token_once_in_order(self):
@@ -148,7 +163,7 @@ class PolicyMachine(RuleBasedStateMachine):
             assert tokens == self.memory.solo(r.prompt.tolist(), r.max_tokens)[: len(tokens)], r.id
             assert [e.index for e in got if e.token is not None] == list(range(len(tokens)))
             finals = [e for e in got if e.final]
-            ended = r.state in (RequestState.FINISHED, RequestState.CANCELLED)
+            ended = r.state in (RequestState.FINISHED, RequestState.CANCELLED) or shed(r)
             assert len(finals) == (1 if ended else 0), (r.id, r.state, finals)
             if r.logprobs is not None:
                 assert all(e.logprob.token == e.token for e in got if e.token is not None), r.id
@@ -165,7 +180,14 @@ class PolicyMachine(RuleBasedStateMachine):
     @invariant()
     def only_a_tenant_can_fail_a_request(self):
         if not self.tenant_took_memory:
-            assert all(r.finish_reason != "error" for r in self.sim.requests)
+            assert all(r.finish_reason != "error" for r in self.sim.requests if not shed(r))
+
+    @invariant()
+    def only_late_requests_are_shed_and_only_when_asked(self):
+        for r in self.sim.requests:
+            if shed(r):
+                assert self.SLO.get("shed_late") and r.late and not r.generated and r.seq_id is None, r.id
+        assert self.sim.stats().slo_shed == sum(map(shed, self.sim.requests))
 
     @invariant()
     def preemption_is_bounded(self):
@@ -177,12 +199,17 @@ class PolicyMachine(RuleBasedStateMachine):
         assert s.running == len(self.sim.running) and s.waiting == len(self.sim.admission.waiting)
         ended = sum(1 for r in self.sim.requests if r.state in (RequestState.FINISHED, RequestState.CANCELLED))
         assert sum(s.finished.values()) == ended
-        assert s.submitted == sum(1 for r in self.sim.requests if r.state is not RequestState.REJECTED)
+        # every request that finished with tokens is scored against the targets (once they are known: derived
+        # ones resolve after the first steps)
+        scored = sum(1 for r in self.sim.requests if r.finish_reason in ("stop", "length") and r.generated)
+        assert s.slo_met + s.slo_missed == scored if self.SLO else s.slo_met + s.slo_missed <= scored
+        assert s.submitted == sum(1 for r in self.sim.requests if r.state is not RequestState.REJECTED or shed(r))
 
     def teardown(self):
-        """Once submissions stop (and the memory comes back), every admitted request finishes."""
+        """Once submissions stop (and the memory comes back), every request is admitted and finishes within
+        a bounded number of steps: nothing starves, late or not, whatever the targets."""
         self.memory.hidden = 0
-        self.sim.drain()
+        self.sim.drain(max_steps=4000)
         assert not self.sim.admission.waiting and not self.sim.running
         for r in self.sim.requests:
             assert r.state in (RequestState.FINISHED, RequestState.CANCELLED, RequestState.REJECTED)
@@ -193,13 +220,36 @@ class PolicyMachine(RuleBasedStateMachine):
         assert attn.used == len({c for s in entries for c in self.memory.seqs.get(s, ())})  # only entries hold cells
 
 
+def shed(r) -> bool:
+    """Refused as late (shed_late) after it was queued: it got one final event with the error."""
+    return r.state is RequestState.REJECTED and r.finish_reason == "error"
+
+
 class AttentionPolicyMachine(PolicyMachine):
     RECURRENT = False
+
+
+class TightTargetsMachine(PolicyMachine):
+    """Targets the fake's steps can barely meet: streams and prompts go late, admission holds for the TPOT
+    target, and late requests are still served (nothing dropped)."""
+
+    RECURRENT = False
+    SLO = {"ttft_slo_ms": 15.0, "tpot_slo_ms": 4.0}
+
+
+class ShedLateMachine(PolicyMachine):
+    """The same with `shed_late`: a request that can no longer make its first token in time is refused."""
+
+    SLO = {"ttft_slo_ms": 15.0, "tpot_slo_ms": 4.0, "shed_late": True}
 
 
 _settings = settings(max_examples=100, stateful_step_count=40, deadline=None,
                      suppress_health_check=[HealthCheck.too_slow])
 PolicyMachine.TestCase.settings = _settings
 AttentionPolicyMachine.TestCase.settings = _settings
+TightTargetsMachine.TestCase.settings = _settings
+ShedLateMachine.TestCase.settings = _settings
 test_policies_state_machine = PolicyMachine.TestCase
 test_policies_state_machine_attention = AttentionPolicyMachine.TestCase
+test_policies_state_machine_tight_targets = TightTargetsMachine.TestCase
+test_policies_state_machine_shed_late = ShedLateMachine.TestCase

@@ -1,175 +1,169 @@
-"""The step token budget (scheduling.budget) and its use in composition: pure, no timing."""
+"""The step-cost model (scheduling.cost), the latency targets (scheduling.slo) and the budget they set
+(scheduling.budget): pure, on synthetic cost functions and a fake clock."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skippy.scheduling import Composer, Request, RequestState
-from skippy.scheduling.budget import (
-    BURST_STALL_SHARE, DEFAULT_STALL_FACTOR, FULL_STEP_SHARE, MIN_SAMPLES, StepCostModel, TokenBudget,
-)
+from skippy.scheduling.budget import TokenBudget
+from skippy.scheduling.cost import MIN_SAMPLES, StepCostModel, StepShape, attended_kcells
+from skippy.scheduling.slo import MARGIN, STALL_TPOTS, TPOT_FACTOR, SloPolicy
 
 
-def fed(budget: TokenBudget, fixed: float, per_token: float, sizes=(1, 4, 8, 16, 32, 64, 128, 256)) -> TokenBudget:
-    for n in sizes:
-        budget.observe(n, fixed + per_token * n)
-    return budget
+def cpu(shape: StepShape, slow: float = 1.0) -> float:
+    """A 2-core CPU's step, roughly (bench/results/step-shape): 5 ms, 3 ms a row, 3 ms a prompt token,
+    20 us per thousand cells attended, 1 ms a new state."""
+    return slow * (5e-3 + 3e-3 * shape.decode_rows + 3e-3 * shape.prefill_tokens + 2e-5 * shape.attended_kcells
+                   + 1e-3 * shape.new_states)
 
 
-def test_the_cost_model_recovers_a_linear_step_cost_and_refuses_to_guess():
+def shapes(rng: np.random.Generator, n: int) -> list[StepShape]:
+    out = []
+    for _ in range(n):
+        d, p = int(rng.integers(0, 33)), int(rng.integers(0, 257)) * int(rng.random() < 0.5)
+        if d + p == 0:
+            d = 1
+        start = int(rng.integers(0, 2000))
+        out.append(StepShape(d, p, d * start / 1000.0 + attended_kcells(start, p), int(p > 0)))
+    return out
+
+
+def trained(n: int = 300, seed: int = 0, slow: float = 1.0, model: StepCostModel | None = None) -> StepCostModel:
+    model = model or StepCostModel()
+    for s in shapes(np.random.default_rng(seed), n):
+        model.observe(s, cpu(s, slow))
+    return model
+
+
+def test_the_model_converges_to_a_step_cost_that_is_linear_in_the_shape():
+    m = trained()
+    assert m.calibrated
+    for s in shapes(np.random.default_rng(1), 50):
+        assert math.isclose(m.seconds(s), cpu(s), rel_tol=0.02, abs_tol=2e-4), s
+    assert math.isclose(m.per_decode_row(), 3e-3, rel_tol=0.05)
+    assert math.isclose(m.per_prefill_token(), 3e-3, rel_tol=0.05)
+
+
+def test_the_model_adapts_when_the_machine_slows_down_mid_run():
+    m = trained()
+    probe = StepShape(8, 64, 8.0, 1)
+    assert math.isclose(m.seconds(probe), cpu(probe), rel_tol=0.02)
+    trained(200, seed=2, slow=2.0, model=m)  # the box halves its speed (a co-tenant, thermal limits)
+    assert math.isclose(m.seconds(probe), cpu(probe, 2.0), rel_tol=0.05)
+
+
+def test_a_steady_decode_run_keeps_what_the_model_knew_of_prompt_tokens():
+    """Hundreds of identical decode steps excite one direction only: the ridge keeps the others at the prior."""
+    m = trained()
+    m.set_prior(m.theta())
+    for _ in range(500):
+        s = StepShape(4, 0, 4.0, 0)
+        m.observe(s, cpu(s))
+    assert math.isclose(m.per_prefill_token(), 3e-3, rel_tol=0.1)
+
+
+def test_nonsense_and_empty_steps_are_not_evidence():
     m = StepCostModel()
-    for n in range(1, MIN_SAMPLES):
-        m.observe(n, 0.005 + 0.001 * n)
-    assert m.fit() is None  # too few steps
-    m.observe(MIN_SAMPLES, 0.005 + 0.001 * MIN_SAMPLES)
-    fixed, per_token = m.fit()
-    assert math.isclose(fixed, 0.005, rel_tol=1e-9) and math.isclose(per_token, 0.001, rel_tol=1e-9)
-    same = StepCostModel()
-    for _ in range(20):
-        same.observe(8, 0.01)  # one size only: no slope to learn
-    assert same.fit() is None
-    same.observe(0, 1.0)
-    same.observe(4, float("nan"))
-    assert len(same._samples) == 20  # empty steps and nonsense are not samples
+    m.observe(StepShape(0, 0), 1.0)
+    m.observe(StepShape(1, 0), float("nan"))
+    m.observe(StepShape(1, 0), -1.0)
+    m.observe(StepShape(1, 0), math.inf)
+    assert m.samples == 0 and not m.calibrated
 
 
-def test_a_step_without_decodes_stalls_nobody_and_takes_the_whole_batch():
-    b = fed(TokenBudget(512, target_s=0.001), 0.005, 0.001)
-    assert b.prefill_tokens(0) == 512
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 64), st.integers(0, 512), st.floats(0, 5000), st.integers(0, 8),
+                          st.floats(1e-6, 10.0)), max_size=60),
+       st.integers(0, 64), st.integers(0, 512), st.floats(0, 5000), st.integers(0, 8))
+def test_the_model_never_predicts_a_negative_time_nor_a_zero_marginal_cost(steps, d, p, k, n):
+    """Whatever it was fed (noise, contradictions, a single shape), predictions stay >= 0 and the costs the
+    budget divides by stay positive."""
+    m = StepCostModel()
+    for sd, sp, sk, sn, secs in steps:
+        m.observe(StepShape(sd, sp, sk, sn), secs)
+    assert m.seconds(StepShape(d, p, k, n)) >= 0
+    assert m.per_decode_row() > 0 and m.per_prefill_token(int(k)) > 0
+    assert m.prefill_for(0.05, StepShape(d, 0, k, 0)) >= 0
 
 
-def test_before_anything_is_measured_steps_fill_the_batch_as_before():
-    assert TokenBudget(512, target_s=0.02).prefill_tokens(8) == 504
+@settings(max_examples=50, deadline=None)
+@given(st.floats(0.5, 4.0), st.integers(0, 10_000))
+def test_the_model_converges_on_any_machine_speed(slow, seed):
+    m = trained(200, seed=seed, slow=slow)
+    s = StepShape(16, 32, 40.0, 1)
+    assert math.isclose(m.seconds(s), cpu(s, slow), rel_tol=0.05)
 
 
-def test_a_target_bounds_the_prefill_that_joins_decodes():
-    b = fed(TokenBudget(512, target_s=0.020, min_prefill=4), fixed=0.005, per_token=0.0005)
-    # 5 ms + 0.5 ms x (8 decodes + p) <= 20 ms  ->  p = 22
-    assert b.prefill_tokens(8) == 22
-    assert b.prefill_tokens(500) == 4  # past the target: the floor
-    assert b.prefill_tokens(510) == 2  # the floor, capped by what n_batch leaves
+# -- the targets -------------------------------------------------------------------------
 
 
-def test_without_a_target_a_mixed_step_costs_at_most_a_few_decode_only_steps():
-    b = fed(TokenBudget(512, min_prefill=4), fixed=0.005, per_token=0.0005)
-    target = DEFAULT_STALL_FACTOR * (0.005 + 0.0005 * 8)  # 4 x 9 ms = 36 ms -> (36 - 5) / 0.5 - 8 = 54
-    assert b.prefill_tokens(8) == round((target - 0.005) / 0.0005) - 8 == 54
-
-
-def test_prompts_always_move_and_zero_target_turns_the_budget_off():
-    tight = fed(TokenBudget(512, target_s=0.001, min_prefill=32), 0.005, 0.0005)
-    assert tight.prefill_tokens(64) == 32
-    off = fed(TokenBudget(512, target_s=math.inf), 0.005, 0.0005)
-    assert off.prefill_tokens(64) == 448
-
-
-@given(fixed=st.floats(0, 0.05), per_token=st.floats(1e-5, 0.01), target=st.floats(0.001, 1.0),
-       n_decode=st.integers(1, 511), floor=st.integers(1, 64))
-def test_a_mixed_step_predicted_past_the_target_only_at_the_floor(fixed, per_token, target, n_decode, floor):
-    b = fed(TokenBudget(512, target_s=target, min_prefill=floor), fixed, per_token)
-    p = b.prefill_tokens(n_decode)
-    assert 0 <= p <= 512 - n_decode
-    predicted = fixed + per_token * (n_decode + p)
-    assert predicted <= target + per_token * 1e-6 + 1e-12 or p <= floor
-
-
-def request(rid: int, n: int, cached: int, generated=()) -> Request:
-    r = Request(rid, np.arange(1, n + 1, dtype=np.int32), 64, arrival=rid)
-    r.state, r.seq_id, r.cached, r.generated = RequestState.RUNNING, rid, cached, list(generated)
+def stream(rid: int, t_first: float, generated: int, remaining: int = 50, cached: int = 100) -> Request:
+    r = Request(rid, np.arange(1, 11, dtype=np.int32), generated + remaining)
+    r.generated = [1] * generated
+    r.cached, r.seq_id, r.state = 10 + generated - 1, rid, RequestState.RUNNING
+    r.t_first = t_first
     return r
 
 
-def test_composition_sends_every_decode_and_moves_a_long_prompt_each_step_within_the_budget():
-    budget = fed(TokenBudget(256, target_s=0.010, min_prefill=8), fixed=0.002, per_token=0.0002)
-    c = Composer(256, budget)
-    decoders = [request(i, 4, 4, generated=[9]) for i in range(10)]
-    long = request(10, 300, 0)
-    c.add(decoders + [long])
-    steps = 0
-    while long.pending > 1:
-        plan = c.compose()
-        assert plan.n_decode == 10  # nobody's stream waits for the prompt
-        prefill = plan.n_prefill
-        assert 8 <= prefill <= budget.prefill_tokens(10)
-        c.apply(plan, [5] * len(plan.output_requests), [b"a"] * len(plan.output_requests),
-                [False] * len(plan.output_requests))
-        for r in decoders:  # keep them decoding
-            r.generated = r.generated[-1:]
-            r.cached = r.n_tokens - 1
-        steps += 1
-    assert steps == math.ceil(300 / budget.prefill_tokens(10))  # (10 - 2) / 0.2 - 10 = 30 per step
+def test_targets_not_given_are_derived_from_the_machine():
+    slo = SloPolicy(trained())
+    t = slo.resolve()
+    assert t.derived and t.ttft_s is None
+    assert math.isclose(t.tpot_s, TPOT_FACTOR * cpu(StepShape(1, 0, 0.129, 0)), rel_tol=0.05)
+    r = Request(0, np.arange(1, 129, dtype=np.int32), 8, t_arrival=10.0)
+    assert math.isclose(slo.first_deadline(r) - 10.0, 10 * cpu(StepShape(0, 128, attended_kcells(0, 128), 1)),
+                        rel_tol=0.05)
+    assert "derived" in t.describe(slo.cost)
+    assert SloPolicy(StepCostModel()).resolve() is None  # nothing measured yet: nothing derived
+    assert SloPolicy(StepCostModel(), ttft_s=1.0, tpot_s=0.05).resolve().tpot_s == 0.05
 
 
-def test_the_fit_follows_the_window_and_equals_a_fresh_fit_after_many_steps():
-    m = StepCostModel(window=16)
-    for i in range(1000):  # an old regime, then a new one that fills the window
-        n = 1 + i % 37
-        m.observe(n, (0.001 + 0.0001 * n) if i < 900 else (0.004 + 0.0003 * n))
-    fixed, per_token = m.fit()
-    assert math.isclose(fixed, 0.004, rel_tol=1e-6) and math.isclose(per_token, 0.0003, rel_tol=1e-6)
+def test_a_step_takes_the_least_slack_of_the_on_time_streams_within_a_bound():
+    slo = SloPolicy(trained(), ttft_s=2.0, tpot_s=0.05)
+    now = 100.0
+    behind = stream(0, t_first=now - 0.05 * MARGIN * 10, generated=10)  # exactly on its deadline pace
+    ahead = stream(1, t_first=now - 0.2, generated=10)  # 10 tokens in 0.2 s: banked slack
+    assert math.isclose(slo.step_seconds([ahead], now, False), STALL_TPOTS * 0.05)  # capped
+    assert math.isclose(slo.step_seconds([behind, ahead], now, False), 0.0, abs_tol=1e-9)
+    late = stream(2, t_first=now - 10.0, generated=10)  # a mean gap of 1 s: no pace can save it
+    assert math.isclose(slo.step_seconds([late, ahead], now, False), STALL_TPOTS * 0.05)
+    assert late.late
+    assert slo.step_seconds([late], now, waiting_on_time=True) == math.inf  # prompts that can still make it
+    assert slo.step_seconds([late], now, waiting_on_time=False) == 0.05
 
 
-def test_a_burst_of_prompts_waiting_for_their_first_token_lifts_the_budget():
-    budget = fed(TokenBudget(256, target_s=0.010, min_prefill=8), fixed=0.002, per_token=0.0002)
-    c = Composer(256, budget)
-    decoders = [request(i, 4, 4, generated=[9]) for i in range(2)]
-    prompts = [request(10 + i, 100, 0) for i in range(3)]  # three prompts vs two streams: a burst
-    c.add(decoders + prompts)
-    plan = c.compose()
-    assert plan.n_decode == 2 and plan.n_prefill == 254  # the whole batch
-    c2 = Composer(256, budget)
-    c2.add([request(i, 4, 4, generated=[9]) for i in range(3)] + [request(20, 100, 0)])  # steady: budgeted
-    assert c2.compose().n_prefill == budget.prefill_tokens(3)
+def test_the_budget_fills_what_the_slack_leaves_beside_the_decodes():
+    cost = trained()
+    slo = SloPolicy(cost, ttft_s=2.0, tpot_s=0.05)
+    b = TokenBudget(512, slo)
+    now = 100.0
+    s = stream(0, t_first=now - 0.1, generated=4)  # token 4 is due 4 x 45 ms after its first: 80 ms from now
+    allowed = b.prefill_tokens([s], now, True)
+    seconds = slo.token_deadline(s, 0.05) - now
+    assert math.isclose(seconds, 0.08) and seconds < STALL_TPOTS * 0.05
+    assert allowed == cost.prefill_for(seconds, slo.decode_shape([s]))
+    predicted = cost.seconds(StepShape(1, allowed, slo.decode_shape([s]).attended_kcells, 0))
+    assert predicted <= seconds + 1e-9 and allowed > 10
+    assert b.prefill_tokens([], now) == 512  # no decodes: nobody to stall
+    assert TokenBudget(512, None).prefill_tokens([s], now) == 511  # no budget
+    tight = stream(1, t_first=now - 1.0, generated=22)  # due now: only the floor
+    assert b.prefill_tokens([tight], now, True) == 1
 
 
-def test_the_second_half_of_a_wave_is_still_a_burst():
-    """4 of 8 prompts started; of the other four one has only its last token left (it rides in the
-    decode rows) and still waits for its first token: 4 waiting vs 4 streams is a burst, so the whole
-    wave starts within one more step instead of staggering into budgeted mixed steps."""
-    budget = fed(TokenBudget(256, target_s=0.010, min_prefill=8), fixed=0.002, per_token=0.0002)
-    c = Composer(256, budget)
-    streams = [request(i, 4, 4, generated=[9]) for i in range(4)]
-    c.add(streams + [request(10, 60, 59)] + [request(11 + i, 60, 0) for i in range(3)])
-    plan = c.compose()
-    assert plan.n_decode == 5 and plan.n_prefill == 180  # all three prompts, not the budget's share
-    assert budget.prefill_tokens(5) < 180
-    c2 = Composer(256, budget)
-    c2.add([request(i, 4, 4, generated=[9]) for i in range(5)] + [request(10 + i, 60, 0) for i in range(4)])
-    assert c2.compose().n_prefill == budget.prefill_tokens(5)  # fewer waiting than streams: budgeted
-
-
-def test_a_burst_stops_once_its_stalls_reach_their_share_of_the_tokens_left():
-    budget = fed(TokenBudget(256, target_s=0.010, min_prefill=8), fixed=0.002, per_token=0.0002)
-    c = Composer(256, budget)
-    decoders = [request(i, 4, 4, generated=[9]) for i in range(3)]
-    prompts = [request(10 + i, 100, 0) for i in range(7)]  # 7 prompts vs 3 streams: a burst
-    c.add(decoders + prompts)
-    left = sum(r.remaining for r in c.running)  # 10 x 64 - 3 = 637: 1% allows 6.37 stalled decodes
-    assert BURST_STALL_SHARE * left < 9
-    stalls = []
-    for _ in range(3):
-        plan = c.compose()
-        stalls.append(plan.n_prefill == 256 - plan.n_decode)  # a full batch: every stream waits for it
-    assert stalls == [True, True, False]  # 3 + 3 stalls fit in 6.37; a third burst step would make 9
-    assert c.compose().n_prefill == budget.prefill_tokens(3)  # bounded by the budget again
-    for r in prompts:  # the burst ends (every prompt has its first token): the next one starts afresh
-        r.generated = [9]
-        r.cached = r.n_tokens - 1
-    c.compose()
-    assert c.burst_stalls == 0
-
-
-def test_without_a_target_many_streams_cap_a_mixed_step_at_a_share_of_a_full_batch_step():
-    b = fed(TokenBudget(512, min_prefill=4), fixed=0.005, per_token=0.0005)
-    full = 0.005 + 0.0005 * 512  # 261 ms
-    cap = FULL_STEP_SHARE * full  # 52.2 ms
-    # 200 decodes: four decode-only steps (420 ms) would be past the cap -> (52.2 - 5) / 0.5 - 200 < 0
-    assert DEFAULT_STALL_FACTOR * (0.005 + 0.0005 * 200) > cap
-    assert b.prefill_tokens(200) == 4  # the floor: prompts still move
-    # 60 decodes: min(4 x 35 ms, 52.2 ms) -> (52.2 - 5) / 0.5 - 60 = 34
-    assert DEFAULT_STALL_FACTOR * (0.005 + 0.0005 * 60) > cap
-    assert b.prefill_tokens(60) == math.floor((cap - 0.005) / 0.0005 + 1e-6) - 60 == 34
+def test_the_composer_puts_on_time_prompts_before_late_ones_and_then_by_deadline():
+    c = Composer(64, None)
+    reqs = []
+    for i, (late, deadline) in enumerate([(True, 1.0), (False, 5.0), (False, 3.0)]):
+        r = Request(i, np.arange(1, 21, dtype=np.int32), 4)
+        r.state, r.seq_id, r.late, r.deadline, r.admitted_at = RequestState.RUNNING, i, late, deadline, i
+        reqs.append(r)
+    c.add(reqs)
+    plan = c.compose(cell_budget=45)
+    assert [ch.request.id for ch in plan.chunks] == [2, 1, 0]
+    assert [ch.n for ch in plan.chunks] == [20, 20, 5]
+    assert plan.shape == StepShape(0, 45, attended_kcells(0, 20) * 2 + attended_kcells(0, 5), 3)

@@ -24,9 +24,9 @@ class AdmissionActor:
         """The composer's questions, answered directly (same trio thread): Admit, ReturnLanes, Requeue."""
         p = self.policy
         if isinstance(what, Admit):
-            answer, gone = p.answer(what)
-            for r in gone:
-                deliver(r.sink, cancelled_event(r))
+            answer, ended = p.answer(what)
+            for r, event in ended:
+                deliver(r.sink, event)
             return answer
         if isinstance(what, Requeue):
             for r in what.requests:

@@ -1,8 +1,16 @@
 """The waiting queue and the admission decision: pure, no trio, no llama.
 
-Order: preempted requests first (they already waited once), then by priority,
-then FCFS. Admission is strictly in that order: if the head does not fit, nothing
-behind it is admitted, so a big request cannot be starved by a stream of small ones.
+Order: preempted requests first (they already waited once), then by priority (lower
+first, as vLLM's), then FCFS. Admission is strictly in that order: if the head does not
+fit, nothing behind it is admitted, so a big request cannot be starved by a stream of
+small ones.
+
+With latency targets (the step's SloGate, scheduling.slo) the order is by effective
+priority (aged: one level better per AGING_TTFTS targets waited), on-time before late,
+then least slack to the first-token deadline, and admission also stops while one more
+sequence would push a decode-only step past the TPOT target. A head that could not make
+its first token in time if admitted now becomes late: it goes behind the on-time ones
+(served when they leave room), or with `shed_late` it is refused there and then.
 """
 
 from __future__ import annotations
@@ -10,19 +18,29 @@ from __future__ import annotations
 import itertools
 from typing import Any, Callable, Sequence
 
-from ..errors import OverloadedError
+from ..errors import LateRequestError, OverloadedError
 from .effects import Admit, Admitted
 from .forks import fork_share
 from .memory import Headroom, need
-from .requests import Request, RequestState
+from .requests import Request, RequestState, TokenEvent
+from .slo import AGING_TTFTS, SloGate
 
 PriorityKey = Callable[[Request], tuple]
 Matcher = Callable[[Request, Sequence[Request]], Any]  # prefix lookup: a prefix.Share or None
 
 
 def fcfs_priority(request: Request) -> tuple:
-    """Default order: resumed first, then higher priority, then earlier arrival."""
-    return (0 if request.preemptions else 1, -request.priority, request.arrival)
+    """Default order: resumed first, then priority (lower first), then earlier arrival."""
+    return (0 if request.preemptions else 1, request.priority, request.arrival)
+
+
+def slo_order(request: Request, now: float) -> tuple:
+    """The order under latency targets: resumed first, then aged priority, on-time before late, then the
+    first-token deadline (least slack), then arrival."""
+    deadline = request.deadline if request.deadline is not None else now
+    ttft = max(deadline - request.t_arrival, 1e-3)
+    aged = request.priority - int(max(0.0, now - request.t_arrival) / (AGING_TTFTS * ttft))
+    return (0 if request.preemptions else 1, aged, request.late, deadline, request.arrival)
 
 
 class SeqIdPool:
@@ -60,10 +78,12 @@ class Admission:
         self.key = key
         self.waiting: list[Request] = []  # kept sorted by key
         self.blocked: dict | None = None  # after admit(): cells the head lacked, if memory stopped it
+        self.slo_held = False  # after admit(): the TPOT target, not memory, stopped it
         self.cancelled_here: list[Request] = []
+        self.ended_here: list[tuple[Request, TokenEvent]] = []  # shed by admit(): each needs its final event
         self._admissions = itertools.count()
         # totals, read by stats when asked
-        self.submitted = self.rejected = self.admitted = self.cancelled = 0
+        self.submitted = self.rejected = self.admitted = self.cancelled = self.shed = 0
 
     def submit(self, request: Request) -> None:
         """Queue a new request, or fail fast with OverloadedError."""
@@ -101,12 +121,14 @@ class Admission:
             return True
         return False
 
-    def answer(self, query: Admit) -> tuple[Admitted, list[Request]]:
-        """The step's Admit answered, and the requests admit() dropped as cancelled on the way: each
-        still needs its final event (a preempted request whose Cancel came while it was out of the queue)."""
-        admitted = self.admit(query.headroom, query.match)
+    def answer(self, query: Admit) -> tuple[Admitted, list[tuple[Request, TokenEvent]]]:
+        """The step's Admit answered, and the requests admit() ended on the way, each with the final event
+        it still needs: a preempted request whose Cancel came while it was out of the queue, or one shed."""
+        admitted = self.admit(query.headroom, query.match, query.slo)
         gone, self.cancelled_here = self.cancelled_here, []
-        return Admitted(tuple(admitted), len(self.waiting), self.blocked), gone
+        ended, self.ended_here = self.ended_here, []
+        ended = [(r, TokenEvent(None, "", len(r.generated), "cancelled", r.usage)) for r in gone] + ended
+        return Admitted(tuple(admitted), len(self.waiting), self.blocked), ended
 
     def release(self, seq_id: int) -> None:
         self.lanes.give(seq_id)
@@ -121,13 +143,17 @@ class Admission:
             share = match(head, admitted)
         return share
 
-    def admit(self, headroom: Headroom, match: Matcher | None = None) -> list[Request]:
-        """Move requests from the head of the queue while a lane and every component has room.
+    def admit(self, headroom: Headroom, match: Matcher | None = None, slo: SloGate | None = None) -> list[Request]:
+        """Move requests from the head of the queue while a lane and every component has room (and, with
+        `slo`, while the targets allow: see the module's docstring).
 
         With `match`, a head whose prompt prefix is (or is about to be) in memory is promised
         that prefix and needs cells only for the rest."""
         admitted: list[Request] = []
         self.blocked = None
+        self.slo_held = False
+        if slo is not None:
+            self._reorder(slo)
         while self.waiting and len(self.lanes):
             head = self.waiting[0]
             if head.cancel_requested:
@@ -136,6 +162,13 @@ class Admission:
                 self.cancel(head)
                 self.cancelled_here.append(head)
                 continue
+            if slo is not None:
+                if not slo.decode_room():
+                    self.slo_held = True  # the running set is as large as the TPOT target allows
+                    break
+                if not head.late and not head.preemptions and not slo.on_time(head):
+                    self._late(head, slo)
+                    continue
             head.share = self._share(head, admitted, match)
             cells = need(head, self.decode_reserve)
             if not headroom.fits(cells):
@@ -144,6 +177,8 @@ class Admission:
                 break
             headroom = headroom.take(cells)
             self.waiting.pop(0)
+            if slo is not None:
+                slo.take(head)
             head.seq_id = self.lanes.take()
             head.shared_tokens = 0
             head.state = RequestState.RUNNING
@@ -151,3 +186,35 @@ class Admission:
             admitted.append(head)
         self.admitted += len(admitted)
         return admitted
+
+    def _reorder(self, slo: SloGate) -> None:
+        """Deadlines set, requests that could not make their first token even alone marked late (shed with
+        `shed_late`), the queue in the targets' order."""
+        policy = slo.policy
+        for r in list(self.waiting):
+            policy.first_deadline(r)
+            if not r.late and not r.preemptions and r.cached == 0 and policy.prefill_hopeless(r, slo.now):
+                self._late(r, slo, requeue=False)
+        if len(self.waiting) > 1:
+            self.waiting.sort(key=lambda r: slo_order(r, slo.now))
+
+    def _late(self, r: Request, slo: SloGate, requeue: bool = True) -> None:
+        """`r` can no longer meet its first-token deadline: shed it, or move it behind the on-time ones."""
+        r.late = True
+        self.waiting.remove(r)
+        if slo.policy.shed_late:
+            waited = slo.now - r.t_arrival
+            err = LateRequestError(r.id, waited, max(1.0, r.deadline - r.t_arrival if r.deadline else 1.0))
+            r.state = RequestState.REJECTED
+            r.finish_reason = "error"
+            self.shed += 1
+            self.ended_here.append((r, TokenEvent(None, "", 0, "error", r.usage, err)))
+            return
+        if requeue:
+            key = slo_order(r, slo.now)
+            i = len(self.waiting)
+            while i > 0 and slo_order(self.waiting[i - 1], slo.now) > key:
+                i -= 1
+            self.waiting.insert(i, r)
+        else:
+            self.waiting.append(r)  # the sort that follows puts it in its place

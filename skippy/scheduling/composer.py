@@ -7,13 +7,15 @@ chunked across steps and never stalls the sequences that are already decoding.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import attrs
 import numpy as np
 
 from ..errors import SkippyError
-from .budget import BURST_STALL_SHARE, TokenBudget
+from .budget import TokenBudget
+from .cost import StepShape, attended_kcells
 from .logprobs import LogitRows, RowLogprobs, plan_rows
 from .requests import FinishReason, LogprobEvent, Request, RequestState, TokenEvent
 from .text import TextAssembler
@@ -37,6 +39,7 @@ class StepPlan:
     outputs: np.ndarray
     starved: int  # decoding sequences that did not fit the budget: pressure
     rows: LogitRows | None = None  # only when a request of the step asked for logprobs (see scheduling.logprobs)
+    shape: StepShape | None = None  # what the step computes, for the cost model (scheduling.cost)
 
     @property
     def n_tokens(self) -> int:
@@ -77,8 +80,17 @@ class StepPlan:
         # seq_ids, outputs and rows are the same and nothing writes a plan's arrays after composing
         # it (a chained launch fills only its tokens), so they are shared, not copied: this runs
         # on the event loop every decode step
+        shape = self.shape
+        if shape is not None:
+            shape = StepShape(shape.decode_rows, 0, shape.attended_kcells + shape.decode_rows / 1000.0, 0)
         return StepPlan(chunks, np.empty_like(self.tokens), self.positions + 1, self.seq_ids, self.outputs, 0,
-                        self.rows)
+                        self.rows, shape)
+
+
+def prefill_order(r: Request) -> tuple:
+    """Which prompt goes first in a step's prefill: on-time before late, then priority (lower first),
+    then the first-token deadline (least slack), then admission order."""
+    return (r.late, r.priority, r.deadline if r.deadline is not None else math.inf, r.admitted_at)
 
 
 def asks_logprobs(r: Request) -> bool:
@@ -103,7 +115,6 @@ class Composer:
         self.budget = budget
         self.running: list[Request] = []  # admission order
         self.n_logprobs = 0  # running requests that asked for logprobs: a step builds LogitRows only then
-        self.burst_stalls = 0  # decode tokens the current burst's full-batch steps have held back
 
     def add(self, requests: Sequence[Request]) -> None:
         for r in requests:
@@ -117,25 +128,37 @@ class Composer:
         self.running.remove(request)
         self.n_logprobs -= asks_logprobs(request)
 
-    def compose(self, cell_budget: int | None = None) -> StepPlan:
-        """Decode tokens first, then prefill chunks in admission order, within the cell budget, n_batch
-        and the token budget (how much prefill may join a step that carries decodes).
+    def compose(self, cell_budget: int | None = None, now: float = 0.0) -> StepPlan:
+        """Decode tokens first, then prefill chunks (on-time prompts before late ones, by priority, then
+        first-token deadline, then admission), within the cell budget, n_batch and the token budget (how
+        much prefill may join a step that carries decodes, scheduling.budget).
 
         A request still waiting for a shared prefix to be copied in is left out."""
         budget = self.n_batch if cell_budget is None else min(self.n_batch, cell_budget)
-        decoding = [r for r in self.running if r.pending == 1 and r.share is None]
+        decoding = []
+        prefilling = []
+        for r in self.running:
+            if r.share is None:
+                if r.pending == 1:
+                    decoding.append(r)
+                elif r.pending > 1:
+                    prefilling.append(r)
         fit = decoding[: max(budget, 0)]
         chunks = [Chunk(r, r.cached, 1, True, True) for r in fit]
         left = budget - len(fit)
-        if self.budget is not None and fit and not self._burst(len(fit)):
-            left = min(left, self.budget.prefill_tokens(len(fit)))
-        for r in self.running:
+        if len(prefilling) > 1:
+            prefilling.sort(key=prefill_order)
+        if self.budget is not None and fit and prefilling:
+            on_time = any(not r.late for r in prefilling)
+            left = min(left, self.budget.prefill_tokens(fit, now, on_time, prefilling[0].cached))
+        kcells = sum(r.cached + 1 for r in fit) / 1000.0
+        for r in prefilling:
             if left <= 0:
                 break
-            if r.pending > 1 and r.share is None:
-                n = min(r.pending, left, _to_next_pause(r))
-                chunks.append(Chunk(r, r.cached, n, n == r.pending, False))
-                left -= n
+            n = min(r.pending, left, _to_next_pause(r))
+            chunks.append(Chunk(r, r.cached, n, n == r.pending, False))
+            kcells += attended_kcells(r.cached, n)
+            left -= n
         n_dec = len(fit)
         tok = np.empty(sum(c.n for c in chunks), dtype=np.int32)
         pos = np.empty_like(tok)
@@ -155,34 +178,9 @@ class Composer:
             out[i + c.n - 1] = c.output
             i += c.n
         rows = plan_rows(chunks, out) if self.n_logprobs else None
-        return StepPlan(tuple(chunks), tok, pos, seq, out, len(decoding) - n_dec, rows)
-
-    def _burst(self, n_decoding: int) -> bool:
-        """At least as many requests wait for their first token as streams decode (a burst of
-        arrivals): TTFT is the experience of half the running set or more, so the step fills n_batch
-        with prefill. A prompt whose last token is all that is left (pending 1, it rides in the
-        decode rows) still waits for its first token; and equality counts, so a wave of 2k prompts
-        whose first k started finishes together instead of staggering into mixed steps (at N=8 gen
-        the stagger made later arrivals join decode steps: ITL p99 2.4x llama-server's).
-
-        Every stream decoding in such a step waits for all of it: one long inter-token gap each.
-        The burst goes on only while those gaps stay within BURST_STALL_SHARE of the tokens the
-        running set has left to generate, so they stay in the tail past the p99 of the gaps;
-        after that the budget bounds every step again."""
-        prompts = streams = 0  # one pass: this runs every step that carries decodes
-        for r in self.running:
-            if r.generated:
-                streams += 1
-            elif r.share is None:
-                prompts += 1
-        if not prompts or prompts < streams:
-            self.burst_stalls = 0  # the burst is over: the next one has its own allowance
-            return False
-        allowance = BURST_STALL_SHARE * sum(max(0, r.remaining) for r in self.running)
-        if self.burst_stalls + n_decoding > allowance:
-            return False
-        self.burst_stalls += n_decoding
-        return True
+        new = sum(1 for c in chunks if c.start == c.request.shared_tokens)
+        shape = StepShape(n_dec, int(tok.size) - n_dec, kcells, new)
+        return StepPlan(tuple(chunks), tok, pos, seq, out, len(decoding) - n_dec, rows, shape)
 
     def apply(
         self, plan: StepPlan, tokens: Sequence[int], pieces: Sequence[bytes], eog: Sequence[bool],

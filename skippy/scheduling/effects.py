@@ -30,6 +30,7 @@ class Admit:
     # prefix lookup (request, admitted this round) -> Share | None, read while the step waits for
     # this very answer, so nothing changes the cache meanwhile
     match: Callable[[Request, Sequence[Request]], Any] | None = None
+    slo: Any = None  # the running set against the latency targets (scheduling.slo.SloGate); None: no targets
 
 
 @attrs.frozen

@@ -20,13 +20,13 @@ VictimOrder = Callable[[Request], tuple]
 
 
 def newest_first(request: Request) -> tuple:
-    """Default: lowest priority, then the most recently admitted."""
-    return (request.priority, -request.admitted_at)
+    """Default: lowest priority (the highest value), then the most recently admitted."""
+    return (-request.priority, -request.admitted_at)
 
 
 def fewest_outputs_first(request: Request) -> tuple:
     """Least work lost to recompute: lowest priority, then fewest generated tokens, then newest."""
-    return (request.priority, len(request.generated), -request.admitted_at)
+    return (-request.priority, len(request.generated), -request.admitted_at)
 
 
 VICTIM_POLICIES: dict[str, VictimOrder] = {"newest": newest_first, "fewest_outputs": fewest_outputs_first}

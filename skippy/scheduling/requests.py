@@ -76,7 +76,7 @@ class Request:
     prompt: np.ndarray
     max_tokens: int
     sampling: SamplingParams = attrs.field(factory=SamplingParams)
-    priority: int = 0  # higher is served first and preempted last
+    priority: int = 0  # lower is served first and preempted last (vLLM's meaning)
     stop: tuple[str, ...] = ()
     arrival: int = 0  # submission order: FCFS among equal priority
     state: RequestState = RequestState.NEW
@@ -104,6 +104,11 @@ class Request:
     # prompt's cells once that one has computed them
     fork_of: "Request | None" = attrs.field(default=None, repr=False)
     choice: int = 0
+    # latency targets (scheduling.slo), on the step scheduler's clock
+    t_arrival: float = 0.0  # when it was submitted
+    t_first: float | None = attrs.field(default=None, init=False)  # when its first token was routed
+    deadline: float | None = attrs.field(default=None, init=False)  # when its first token is due
+    late: bool = attrs.field(default=False, init=False)  # it can no longer meet a target: planned for last
     sampler: Sampler = attrs.field(init=False)
     assembler: Any = attrs.field(default=None, init=False)  # its TextAssembler, kept across preemption
     sink: Any = attrs.field(default=None, init=False, repr=False)  # where its events go (a trio channel)

@@ -48,8 +48,11 @@ class StepScheduler:
 
     def __init__(self, n_batch: int, decode_reserve: int, ledger: Ledger, prefix: PrefixCache | None = None,
                  totals: Totals | None = None, budget: TokenBudget | None = None, overlap: bool = True,
-                 exact: bool = False, run_ahead: bool = True) -> None:
+                 exact: bool = False, run_ahead: bool = True, clock: Any = time.perf_counter) -> None:
         self.composer = Composer(n_batch, budget)
+        self.clock = clock  # the latency targets' clock: requests' t_arrival is on it (scheduling.slo)
+        self.slo = budget.slo if budget is not None else None
+        self._targets_told = False
         self.decode_reserve = decode_reserve
         self.ledger = ledger
         self.prefix = prefix
@@ -102,22 +105,24 @@ class StepScheduler:
         victims = yield from self._relieve(self._decode_shortfall())
         admitted: Sequence[Request] = ()
         queried = not victims and not self.preempted_last
+        now = self.clock()
+        gate = self._slo_gate(now)
         if queried and (self._woken or self.waiting):
             self._woken = False
             headroom = Headroom.of(self.ledger, self.running, self.decode_reserve)
-            answer: Admitted = yield Admit(headroom, self.prefix.match if self.prefix is not None else None)
+            answer: Admitted = yield Admit(headroom, self.prefix.match if self.prefix is not None else None, gate)
             admitted, self.waiting = answer.requests, answer.waiting
             self._admitted(admitted)
             if not admitted and answer.blocked and (yield from self._evict_for(answer.blocked, guess=True)):
                 return None  # the cache gave the queue head its room: ask again
         yield from self._copy_shares()
-        plan = self.composer.compose(self._attn_free())
+        plan = self.composer.compose(self._attn_free(), now)
         stuck = plan.n_tokens == 0 and bool(self.running)
         if plan.starved or stuck or shortfall(self.ledger, self._need(plan)):
             more = yield from self._relieve(self._decode_shortfall() or {ATTN: max(1, plan.starved)}, at_least=1)
             victims += more
             yield from self._copy_shares()
-            plan = self.composer.compose(self._attn_free())
+            plan = self.composer.compose(self._attn_free(), now)
         self.preempted_last = bool(victims)
         n_running = len(self.running)
         if plan.n_tokens == 0:
@@ -145,8 +150,8 @@ class StepScheduler:
         """Account a step's result: route its tokens, keep prompts, release what finished, report."""
         self.ledger = result.ledger
         self._busy_since = (t0, result.t_decode)
-        if result.error is None and self.composer.budget is not None:
-            self.composer.budget.observe(plan.n_tokens, result.t_decode)
+        if result.error is None and self.composer.budget is not None and plan.shape is not None:
+            self.composer.budget.observe(plan.shape, result.t_decode)
         t1 = time.perf_counter()
         finished, failed, outputs = yield from self._settle(plan, result)
         if isinstance(result.error, NoKvSlotError):
@@ -277,8 +282,8 @@ class StepScheduler:
     def _account(self, plan: StepPlan, result: StepResult) -> StepReport:
         """A step routed in a run: what _finish records, less the routing."""
         self.ledger = result.ledger
-        if self.composer.budget is not None:
-            self.composer.budget.observe(plan.n_tokens, result.t_decode)
+        if self.composer.budget is not None and plan.shape is not None:
+            self.composer.budget.observe(plan.shape, result.t_decode)
         return self._report(len(self.running), plan, (), (), (), (), len(plan.chunks), result, 0.0, result.t_sample,
                             result.t_decode + result.t_sample)
 
@@ -472,9 +477,13 @@ class StepScheduler:
                 in_step = [r for r in in_step if r in self.running]
                 yield from self._fail(in_step, exc)
                 return [], in_step, 0
+            now = self.clock()
             for e in events:
+                if e.event.index == 0 and e.event.token is not None:
+                    e.request.t_first = now
                 if e.event.final:
                     self.totals.finished[e.event.finish_reason] += 1
+                    self._score(e.request, now)
             yield Deliver(tuple(events))
             if self.prefix is not None:
                 yield from self._record(plan)  # before release: a request that just finished still holds its prompt
@@ -490,6 +499,42 @@ class StepScheduler:
             return [], [], 0
         yield from self._fail(in_step, result.error)
         return [], in_step, 0
+
+    # -- latency targets (scheduling.slo) -------------------------------------------------
+
+    def _slo_gate(self, now: float) -> Any:
+        """The running set against the targets for admission; running prompts that could no longer make
+        their first token in time marked late (they stop taking budget from those that can)."""
+        if self.slo is None:
+            return None
+        if self.tell_targets() is None:
+            return None
+        for r in self.running:
+            if not r.late and r.t_first is None and r.pending > 1 and self.slo.prefill_hopeless(r, now):
+                r.late = True
+        return self.slo.gate(self.running, now)
+
+    def tell_targets(self) -> Any:
+        """The targets once resolved (scheduling.slo), said in one log line the first time."""
+        targets = self.slo.resolve() if self.slo is not None else None
+        if targets is not None and not self._targets_told:
+            self._targets_told = True
+            logger.info("latency targets: {}", targets.describe(self.slo.cost))
+        return targets
+
+    def _score(self, r: Request, now: float) -> None:
+        """Count a finished request as within its targets or not (what goodput counts)."""
+        targets = self.slo.resolve() if self.slo is not None else None
+        if targets is None or r.t_first is None or r.finish_reason not in ("stop", "length"):
+            return
+        ok = r.t_first <= self.slo.first_deadline(r)
+        n = len(r.generated)
+        if ok and n > 1:
+            ok = (now - r.t_first) / (n - 1) <= targets.tpot_s
+        if ok:
+            self.totals.slo_met += 1
+        else:
+            self.totals.slo_missed += 1
 
     # -- telemetry -----------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from ..errors import (EngineClosedError, InvalidInputError, OverloadedError, PromptTooLongError, SkippyError,
+from ..errors import (EngineClosedError, InvalidInputError, LateRequestError, OverloadedError, PromptTooLongError, SkippyError,
                       StageUnavailableError)
 
 RETRY_AFTER_S = 1
@@ -59,6 +59,9 @@ def shutting_down() -> ApiError:
 def generation_failed(error: BaseException | None) -> ApiError:
     """A request that failed after it was accepted. A lost pipeline stage is 503 + Retry-After:
     the server is fine and a retry is served once the stage is back; anything else is a 500."""
+    if isinstance(error, LateRequestError):
+        return ApiError(429, str(error), type="rate_limit_error", code="late_shed",
+                        headers={"Retry-After": str(max(1, round(error.retry_after_s)))})
     cause: BaseException | None = error
     while cause is not None and not isinstance(cause, StageUnavailableError):
         cause = cause.__cause__

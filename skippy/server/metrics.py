@@ -58,6 +58,17 @@ class _EngineCollector(Collector):
             fin.add_metric([reason], n)
         yield fin
         yield CounterMetricFamily("skippy_engine_steps", "Engine steps (one mixed ubatch each)", value=s.steps)
+        if s.slo_tpot_s is not None:  # the latency targets, once resolved (configured or derived at open)
+            yield GaugeMetricFamily("skippy_slo_tpot_target_seconds", "The time-per-output-token target",
+                                    value=s.slo_tpot_s)
+        if s.slo_ttft_s is not None:
+            yield GaugeMetricFamily("skippy_slo_ttft_target_seconds", "The time-to-first-token target (derived: a 128-token prompt's; each request's scales with its prompt)",
+                                    value=s.slo_ttft_s)
+        slo = CounterMetricFamily("skippy_slo_requests", "Finished requests by latency-target outcome: met both "
+                                  "targets, missed one, or shed as late", labels=["outcome"])
+        for outcome, n in (("met", s.slo_met), ("missed", s.slo_missed), ("shed", s.slo_shed)):
+            slo.add_metric([outcome], n)
+        yield slo
         yield CounterMetricFamily("skippy_step_busy_seconds",
                                   "Wall seconds from each step's start to the next one's while the engine is busy",
                                   value=s.t_busy)

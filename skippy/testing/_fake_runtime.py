@@ -40,6 +40,25 @@ def chain(tokens: Sequence[int]) -> list[int]:
     return out
 
 
+def default_step_cost(decode_rows: int, prompt_tokens: int) -> float:
+    """A CPU's shape, scaled down: a fixed cost, then about the same per decode row and per prompt token."""
+    return 1e-3 + 2.5e-4 * (decode_rows + prompt_tokens)
+
+
+class FakeClock:
+    """Seconds that pass only when told (by the fake's decodes, or a test)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        assert seconds >= 0
+        self.now += seconds
+
+
 class FakeRuntime:
     arch = "fake"
 
@@ -53,6 +72,7 @@ class FakeRuntime:
         recurrent: bool = False,
         eog_every: int = 0,  # 0: never end early; k: tokens whose hash % k == 0 end the generation
         prefix: bool = False,
+        step_cost: "Callable[[int, int], float] | None" = None,
     ) -> None:
         self.n_ctx, self.n_batch, self.n_seq_max, self.n_vocab = n_ctx, n_batch, n_seq_max, n_vocab
         self.recurrent = recurrent
@@ -60,6 +80,10 @@ class FakeRuntime:
         self.prefix_identity: bytes | None = b"fake-runtime" if prefix else None
         self.share_exact = recurrent
         self.hidden = 0
+        # Simulated time (scheduling.slo): each decode takes step_cost(decode rows, prompt tokens) seconds of
+        # `clock`, which moves only by decodes (and FakeClock.advance), and reports it as its t_decode
+        self.step_cost = step_cost if step_cost is not None else default_step_cost
+        self.clock = FakeClock()
         self.seqs: dict[int, list[int]] = {}  # seq id -> its cell per position
         self.cell_hash: dict[int, int] = {}  # cell -> rolling hash of the tokens up to it
         self.owners: dict[int, set[int]] = {}  # cell -> sequences holding it
@@ -118,7 +142,11 @@ class FakeRuntime:
 
     def decode_sample(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
                       samplers: Sequence[Sampler], rows=None) -> Sampled:
-        return decode_then_sample(self.decode, tokens, positions, seq_ids, outputs, samplers, rows)
+        sampled = decode_then_sample(self.decode, tokens, positions, seq_ids, outputs, samplers, rows)
+        rows_out = int(np.count_nonzero(outputs))
+        seconds = float(self.step_cost(rows_out, int(tokens.size) - rows_out))
+        self.clock.advance(seconds)
+        return Sampled(sampled.tokens, seconds, sampled.logprobs)
 
     def _decode(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray) -> np.ndarray:
         n = int(tokens.size)

@@ -31,7 +31,7 @@ class SyncScheduler:
         self.runtime = runtime
         self.config = EngineConfig(**config)
         self.lanes = fake_lanes(runtime, self.config)
-        self.policies: Policies = build_policies(runtime, self.config, self.lanes)
+        self.policies: Policies = build_policies(runtime, self.config, self.lanes, clock=runtime.clock)
         self.requests: list[Request] = []
         self.events: dict[int, list[TokenEvent]] = {}
         self.admission_log: list[Request] = []  # fresh admissions, in order
@@ -43,6 +43,7 @@ class SyncScheduler:
         self._last: StepResult | None = None
         self._tickets = itertools.count()
         self.launches = 0  # steps launched overlapped (chained decode)
+        self.last_admit: tuple | None = None  # (admitted, still waiting, the SloGate or None) of the last Admit
 
     @property
     def admission(self):
@@ -60,6 +61,7 @@ class SyncScheduler:
 
     def submit(self, prompt: Sequence[int], max_tokens: int, priority: int = 0, **fields: Any) -> Request:
         rid = next(self._ids)
+        fields.setdefault("t_arrival", self.runtime.clock())
         r = Request(rid, np.asarray(prompt, dtype=np.int32), max_tokens, priority=priority, arrival=rid, **fields)
         self.requests.append(r)
         self.events[rid] = []
@@ -98,9 +100,11 @@ class SyncScheduler:
     def _carry_out(self, effect: Any) -> Any:
         rt = self.runtime
         if isinstance(effect, Admit):
-            answer, gone = self.admission.answer(effect)
-            for r in gone:
-                self._deliver(r, cancelled_event(r))
+            answer, ended = self.admission.answer(effect)
+            for r, event in ended:
+                self._deliver(r, event)
+            # what this round decided, for invariants on the order (tests/test_stateful_policies.py)
+            self.last_admit = (answer.requests, tuple(self.admission.waiting), effect.slo)
             self.admission_log.extend(r for r in answer.requests if r.preemptions == 0)
             return answer
         if isinstance(effect, ReturnLanes):

@@ -102,29 +102,29 @@ def _args(*argv: str):
 
 
 def test_serve_maps_the_latency_options_to_the_engine_config():
-    import attrs
-
     from skippy.cli import _serve_config
     from skippy.engine import EngineConfig
 
     default = _serve_config(_args("serve", "--family", "llama"))
-    assert default["batch_invariant"] is True and "tpot_target_ms" not in default  # an engine without it still opens
+    assert default["batch_invariant"] is True and "tpot_slo_ms" not in default and "ttft_slo_ms" not in default
     EngineConfig(**default)  # every key is an EngineConfig field
-    fast = _serve_config(_args("serve", "--family", "llama", "--no-batch-invariant", "--tpot-target-ms", "25"))
-    assert fast["batch_invariant"] is False and fast["tpot_target_ms"] == 25.0
-    if "tpot_target_ms" in attrs.fields_dict(EngineConfig):
-        assert EngineConfig(**fast).tpot_target_ms == 25.0
-    else:
-        EngineConfig(**{k: v for k, v in fast.items() if k != "tpot_target_ms"})
+    fast = _serve_config(_args("serve", "--family", "llama", "--no-batch-invariant", "--tpot-slo-ms", "25",
+                               "--ttft-slo-ms", "900", "--shed-late"))
+    assert fast["batch_invariant"] is False and fast["tpot_slo_ms"] == 25.0 and fast["ttft_slo_ms"] == 900.0
+    cfg = EngineConfig(**fast)
+    assert (cfg.tpot_slo_ms, cfg.ttft_slo_ms, cfg.shed_late) == (25.0, 900.0, True)
     assert _serve_config(_args("serve", "--batch-invariant"))["batch_invariant"] is True
-    assert _serve_config(_args("serve", "--tpot-target-ms", "0"))["tpot_target_ms"] == 0.0  # 0: no budget
+    # the old flag folds into the TPOT target
+    assert _serve_config(_args("serve", "--tpot-target-ms", "30"))["tpot_slo_ms"] == 30.0
+    assert _serve_config(_args("serve", "--no-slo-scheduling"))["slo_scheduling"] is False
 
 
-@pytest.mark.parametrize("bad", ["-5", "fast", "nan", "inf"])
-def test_tpot_target_must_be_a_number_of_ms(bad, capsys):
+@pytest.mark.parametrize("flag", ["--tpot-slo-ms", "--ttft-slo-ms", "--tpot-target-ms"])
+@pytest.mark.parametrize("bad", ["-5", "0", "fast", "nan", "inf"])
+def test_a_latency_target_must_be_a_positive_number_of_ms(flag, bad, capsys):
     with pytest.raises(SystemExit):
-        _args("serve", "--tpot-target-ms", bad)
-    assert "--tpot-target-ms" in capsys.readouterr().err
+        _args("serve", flag, bad)
+    assert flag in capsys.readouterr().err
 
 
 def test_demo_passes_the_latency_options_to_the_engine(monkeypatch):
@@ -139,6 +139,6 @@ def test_demo_passes_the_latency_options_to_the_engine(monkeypatch):
         return {"failed": 0}
 
     monkeypatch.setattr(demo, "main", fake_main)
-    args = _args("demo", "--family", "llama", "--no-batch-invariant", "--tpot-target-ms", "40")
+    args = _args("demo", "--family", "llama", "--no-batch-invariant", "--tpot-slo-ms", "40", "--ttft-slo-ms", "500")
     assert args.func(args) == 0
-    assert seen["batch_invariant"] is False and seen["tpot_target_ms"] == 40.0
+    assert seen["batch_invariant"] is False and seen["tpot_slo_ms"] == 40.0 and seen["ttft_slo_ms"] == 500.0

@@ -1,0 +1,217 @@
+"""Latency targets and what they decide: pure, no trio, no llama.
+
+Goodput is the requests that meet both a TTFT and a TPOT target. On a CPU a prompt token costs
+about what a decode row does, so batching buys little and the two levers are how much prefill
+joins each step and how many sequences run at once. With targets known, each is a deadline:
+
+- A running stream's k-th token (after its first) is due at t_first + k x tpot x MARGIN: the
+  mean gap, which is what TPOT measures, stays within the target. Its slack to that deadline is
+  what a step may spend on prefill (scheduling.budget); a stream ahead of its deadlines banks
+  slack for a larger chunk later, at most STALL_TPOTS targets in one step (inter-token gaps stay
+  bounded).
+- A request's first token is due at t_arrival + ttft. Waiting requests go least slack first,
+  priority before that (lower first, as in vLLM), and a request that can no longer meet its
+  deadline is *late*: it stops taking budget from those that still can (it goes after them, and
+  no step is planned around it). Aging (one priority level per AGING_TTFTS targets waited) keeps
+  anything from waiting forever behind a stream of others.
+- Admission (scheduling.admission) lets a request start only while the decode rows of the
+  running set plus its own leave its prefill time to finish by its deadline and every stream
+  within its target; past that it waits, or becomes late when it is its turn and it could not make
+  it. With `shed_late`, a late request is refused (429) at that moment instead of served late.
+
+Targets not given are derived from this machine's step costs (the cost model, fed by the probe at
+open): TPOT = TPOT_FACTOR x a one-row decode step, TTFT = TTFT_FACTOR x a request's own prompt
+computed alone, the gate's scaled SLO.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import attrs
+
+from .cost import MIN_SAMPLES, StepCostModel, StepShape, attended_kcells
+from .requests import Request
+
+TPOT_FACTOR = 5.0  # derived TPOT target: this many one-row decode steps
+TTFT_FACTOR = 10.0  # derived TTFT target: this many times the request's prompt computed alone
+REFERENCE_PROMPT = 128  # tokens: the prompt the derived TTFT is quoted for (log line, /metrics)
+MARGIN = 0.9  # plan to this share of the TPOT target: the step loop's own time and noise take the rest
+STALL_TPOTS = 2.0  # at most this many TPOT targets in one step, however much slack streams banked
+AGING_TTFTS = 4.0  # waiting this many TTFT targets counts as one priority level better
+
+
+@attrs.frozen
+class SloTargets:
+    """The targets in seconds. `ttft_s` None: each request's own, TTFT_FACTOR x its prompt alone."""
+
+    ttft_s: float | None
+    tpot_s: float
+    derived: bool = False
+
+    def describe(self, cost: StepCostModel) -> str:
+        ttft = (f"{1e3 * self.ttft_s:.0f} ms" if self.ttft_s is not None else
+                f"{TTFT_FACTOR:g}x the prompt alone ({1e3 * reference_ttft(cost):.0f} ms at {REFERENCE_PROMPT} tokens)")
+        how = (f"derived: TPOT {TPOT_FACTOR:g}x a one-row decode step ({1e3 * one_row(cost):.1f} ms)"
+               if self.derived else "configured")
+        return f"TTFT {ttft}, TPOT {1e3 * self.tpot_s:.1f} ms ({how})"
+
+
+def one_row(cost: StepCostModel) -> float:
+    return cost.seconds(StepShape(1, 0, attended_kcells(REFERENCE_PROMPT, 1), 0))
+
+
+def reference_ttft(cost: StepCostModel) -> float:
+    return TTFT_FACTOR * (cost.prefill_seconds(REFERENCE_PROMPT))
+
+
+def check_target(name: str, ms: float | None) -> float | None:
+    """A target in ms from configuration, as seconds; None stays None (derive it)."""
+    if ms is None:
+        return None
+    if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not ms > 0 or not math.isfinite(ms):
+        from ..errors import InvalidInputError
+
+        raise InvalidInputError(f"{name} must be a positive number of milliseconds, got {ms!r}")
+    return ms / 1000.0
+
+
+@attrs.define
+class SloPolicy:
+    """The targets (configured, or derived once the cost model can) and the deadlines they set."""
+
+    cost: StepCostModel = attrs.field(factory=StepCostModel)
+    ttft_s: float | None = None  # configured; None: derived per request
+    tpot_s: float | None = None  # configured; None: derived
+    shed_late: bool = False
+    targets: SloTargets | None = None  # resolved
+
+    def resolve(self) -> SloTargets | None:
+        """The targets, deriving what was not configured once the cost model has evidence (the probe's, or
+        MIN_SAMPLES steps'); None until then (steps are planned without targets: they fill n_batch)."""
+        if self.targets is None:
+            if self.tpot_s is not None:
+                self.targets = SloTargets(self.ttft_s, self.tpot_s, derived=False)
+            elif self.cost.calibrated:
+                self.targets = SloTargets(self.ttft_s, TPOT_FACTOR * one_row(self.cost), derived=True)
+        return self.targets
+
+    def calibrate(self, samples: Sequence[tuple[StepShape, float]]) -> None:
+        """Steps timed before serving (the probe at open): the model learns them and takes its fit as the
+        prior, so a direction later steps do not vary keeps this machine's value, not a guess."""
+        for shape, seconds in samples:
+            self.cost.observe(shape, seconds)
+        if samples:
+            self.cost.set_prior(self.cost.theta())
+            self.cost.samples = max(self.cost.samples, MIN_SAMPLES)
+
+    # -- deadlines ------------------------------------------------------------------
+
+    def first_deadline(self, r: Request) -> float:
+        """When its first token is due (set once, the first time it is asked)."""
+        if r.deadline is None:
+            t = self.resolve()
+            ttft = t.ttft_s if t is not None and t.ttft_s is not None else None
+            if ttft is None:
+                ttft = TTFT_FACTOR * self.cost.prefill_seconds(int(r.prompt.size))
+            r.deadline = r.t_arrival + ttft
+        return r.deadline
+
+    def token_deadline(self, r: Request, tpot_s: float) -> float:
+        """When its next token is due: the mean gap since its first stays within MARGIN x the target."""
+        return r.t_first + len(r.generated) * tpot_s * MARGIN
+
+    def update_stream(self, r: Request, now: float, tpot_s: float) -> None:
+        """Mark a decoding stream late once no pace can bring its mean gap back within the target: even
+        decode-only steps from now on would leave it over."""
+        if r.late or r.t_first is None:
+            return
+        done = len(r.generated)
+        total = done + max(0, r.remaining)
+        if total < 2:
+            return
+        best = (now - r.t_first) + max(0, r.remaining) * self.cost.seconds(StepShape(1, 0, 0.0, 0))
+        if best > (total - 1) * tpot_s:
+            r.late = True
+
+    def prefill_hopeless(self, r: Request, now: float) -> bool:
+        """Even computed alone from now, its first token would be after its deadline."""
+        return now + self.cost.prefill_seconds(max(1, r.pending), r.cached) > self.first_deadline(r)
+
+    # -- the step ---------------------------------------------------------------------
+
+    def step_seconds(self, decoding: Sequence[Request], now: float, waiting_on_time: bool) -> float:
+        """How long the next step may take: the least slack of the on-time streams (at least nothing, at
+        most STALL_TPOTS targets); with no on-time stream, as long as prompts that can still make their
+        first-token deadline need (unbounded), else one TPOT target."""
+        t = self.resolve()
+        if t is None:
+            return math.inf
+        slack = math.inf
+        for r in decoding:
+            if r.t_first is None:
+                continue  # its first token (a fork, a prompt shared whole): its deadline is the TTFT one
+            self.update_stream(r, now, t.tpot_s)
+            if not r.late:
+                slack = min(slack, self.token_deadline(r, t.tpot_s) - now)
+        if slack == math.inf:
+            return math.inf if waiting_on_time else t.tpot_s
+        return min(max(slack, 0.0), STALL_TPOTS * t.tpot_s)
+
+    def decode_shape(self, decoding: Sequence[Request]) -> StepShape:
+        return StepShape(len(decoding), 0, sum(r.cached + 1 for r in decoding) / 1000.0, 0)
+
+    # -- admission ----------------------------------------------------------------------
+
+    def gate(self, running: Sequence[Request], now: float) -> "SloGate | None":
+        """What admission needs this step, or None while there are no targets or the cost model has too little
+        evidence to predict with (admit as memory allows: a guess must not shed anyone)."""
+        t = self.resolve()
+        if t is None or not self.cost.calibrated:
+            return None
+        rows = len(running)
+        kcells = sum(r.n_tokens for r in running) / 1000.0
+        backlog = sum(max(0, r.pending - 1) for r in running if not r.late)
+        return SloGate(self, t.tpot_s, now, rows, kcells, backlog)
+
+
+@attrs.define
+class SloGate:
+    """The running set as admission sees it this step; `take` keeps it current as it admits."""
+
+    policy: SloPolicy
+    tpot_s: float
+    now: float
+    rows: int  # sequences running (each decodes every step once its prompt is in)
+    kcells: float  # cells they attend, in thousands
+    backlog: int  # prompt tokens on-time running requests still have to compute
+
+    def decode_room(self) -> bool:
+        """One more running sequence keeps a decode-only step within MARGIN x the TPOT target."""
+        if self.rows == 0:
+            return True  # an idle engine always takes the head: whatever the target, nothing else runs
+        shape = StepShape(self.rows + 1, 0, self.kcells, 0)
+        return self.policy.cost.seconds(shape) <= MARGIN * self.tpot_s
+
+    def first_token_eta(self, r: Request) -> float:
+        """When `r`'s first token would come if admitted now: its prompt after the on-time backlog, at the
+        prefill rate steps have left beside the decode rows (each step MARGIN x the target long)."""
+        cost = self.policy.cost
+        tokens = self.backlog + max(1, r.pending)
+        if self.rows == 0:
+            return self.now + cost.prefill_seconds(tokens, r.cached)
+        step = MARGIN * self.tpot_s
+        per_step = cost.prefill_for(step, StepShape(self.rows + 1, 0, self.kcells, 0), r.cached)
+        if per_step <= 0:
+            return math.inf
+        return self.now + math.ceil(tokens / per_step) * step
+
+    def on_time(self, r: Request) -> bool:
+        return self.first_token_eta(r) <= self.policy.first_deadline(r)
+
+    def take(self, r: Request) -> None:
+        self.rows += 1
+        self.kcells += r.n_tokens / 1000.0
+        if not r.late:
+            self.backlog += max(0, r.pending - 1)
