@@ -63,7 +63,7 @@ def _run_args(p: argparse.ArgumentParser, quick_engines: Sequence[str]) -> None:
     p.add_argument("--engines", nargs="+", choices=ENGINES,
                    help=f"default: all ({' '.join(ENGINES)}); --quick: {' '.join(quick_engines)}")
     p.add_argument("--workloads", nargs="+", choices=workload_names())
-    p.add_argument("--concurrency", "-N", nargs="+", type=int, help="closed-loop N values")
+    p.add_argument("--concurrency", "-N", nargs="*", type=int, help="closed-loop N values")
     p.add_argument("--rates", nargs="+", type=float, help="open-loop Poisson rates (req/s)")
     p.add_argument("--requests-per-worker", type=int, help="closed loop: requests = max(min, this x N)")
     p.add_argument("--min-requests", type=int)

@@ -9,8 +9,10 @@ With latency targets (the step's SloGate, scheduling.slo) the order is by effect
 priority (aged: one level better per AGING_TTFTS targets waited), on-time before late,
 then least slack to the first-token deadline, and admission also stops while one more
 sequence would push a decode-only step past the TPOT target. A head that could not make
-its first token in time if admitted now becomes late: it goes behind the on-time ones
-(served when they leave room), or with `shed_late` it is refused there and then.
+its first token in time if admitted now becomes late: it goes behind the on-time ones, and
+while on-time streams run, late ones take at most LATE_LANES lanes (a late request admitted
+into a row an on-time arrival needs next would make that one late too, and so on); with
+`shed_late` it is refused there and then.
 """
 
 from __future__ import annotations
@@ -154,8 +156,9 @@ class Admission:
         self.slo_held = False
         if slo is not None:
             self._reorder(slo)
-        while self.waiting and len(self.lanes):
-            head = self.waiting[0]
+        i = 0  # the head: late requests the late lane has no room for are stepped over, nobody else
+        while i < len(self.waiting) and len(self.lanes):
+            head = self.waiting[i]
             if head.cancel_requested:
                 # cancelled while out of the queue (a preempted request on its way back): its Cancel
                 # found nothing to remove, so the caller finishes it (see take_cancelled)
@@ -169,6 +172,9 @@ class Admission:
                 if not head.late and not head.preemptions and not slo.on_time(head):
                     self._late(head, slo)
                     continue
+                if head.late and not slo.late_room():
+                    i += 1  # on-time requests behind it still go: late ones take only room nobody on time needs
+                    continue
             head.share = self._share(head, admitted, match)
             cells = need(head, self.decode_reserve)
             if not headroom.fits(cells):
@@ -176,7 +182,7 @@ class Admission:
                 self.blocked = headroom.missing(cells)
                 break
             headroom = headroom.take(cells)
-            self.waiting.pop(0)
+            self.waiting.pop(i)
             if slo is not None:
                 slo.take(head)
             head.seq_id = self.lanes.take()

@@ -40,6 +40,7 @@ REFERENCE_PROMPT = 128  # tokens: the prompt the derived TTFT is quoted for (log
 MARGIN = 0.9  # plan to this share of the TPOT target: the step loop's own time and noise take the rest
 STALL_TPOTS = 2.0  # at most this many TPOT targets in one step, however much slack streams banked
 AGING_TTFTS = 4.0  # waiting this many TTFT targets counts as one priority level better
+LATE_LANES = 1  # late requests running at once while on-time streams run (any number when none does)
 
 
 @attrs.frozen
@@ -127,6 +128,9 @@ class SloPolicy:
         decode-only steps from now on would leave it over."""
         if r.late or r.t_first is None:
             return
+        if r.deadline is not None and r.t_first > r.deadline:
+            r.late = True  # its first token missed: whatever its pace, it is not within the targets
+            return
         done = len(r.generated)
         total = done + max(0, r.remaining)
         if total < 2:
@@ -173,7 +177,8 @@ class SloPolicy:
         rows = len(running)
         kcells = sum(r.n_tokens for r in running) / 1000.0
         backlog = sum(max(0, r.pending - 1) for r in running if not r.late)
-        return SloGate(self, t.tpot_s, now, rows, kcells, backlog)
+        late = sum(1 for r in running if r.late)
+        return SloGate(self, t.tpot_s, now, rows, kcells, backlog, late)
 
 
 @attrs.define
@@ -186,6 +191,11 @@ class SloGate:
     rows: int  # sequences running (each decodes every step once its prompt is in)
     kcells: float  # cells they attend, in thousands
     backlog: int  # prompt tokens on-time running requests still have to compute
+    late: int = 0  # running requests that are late
+
+    def late_room(self) -> bool:
+        """A late request may start: nothing on time runs, or fewer than LATE_LANES late ones do."""
+        return self.rows == self.late or self.late < LATE_LANES
 
     def decode_room(self) -> bool:
         """One more running sequence keeps a decode-only step within MARGIN x the TPOT target."""
@@ -212,6 +222,7 @@ class SloGate:
 
     def take(self, r: Request) -> None:
         self.rows += 1
+        self.late += r.late
         self.kcells += r.n_tokens / 1000.0
         if not r.late:
             self.backlog += max(0, r.pending - 1)

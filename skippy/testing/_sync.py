@@ -34,6 +34,7 @@ class SyncScheduler:
         self.policies: Policies = build_policies(runtime, self.config, self.lanes, clock=runtime.clock)
         self.requests: list[Request] = []
         self.events: dict[int, list[TokenEvent]] = {}
+        self.event_times: dict[int, list[float]] = {}  # the fake clock at each event's delivery
         self.admission_log: list[Request] = []  # fresh admissions, in order
         self.reports: list[StepReport] = []
         self._ids = itertools.count()
@@ -155,6 +156,7 @@ class SyncScheduler:
         return execute(self.runtime, d)
 
     def _deliver(self, r: Request, event: TokenEvent) -> None:
+        self.event_times.setdefault(r.id, []).append(self.runtime.clock())
         got = self.events.setdefault(r.id, [])
         assert not (got and got[-1].final), f"request {r.id} got an event after its final one"
         got.append(event)
