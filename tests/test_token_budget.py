@@ -142,16 +142,16 @@ def test_the_budget_fills_what_the_slack_leaves_beside_the_decodes():
     slo = SloPolicy(cost, ttft_s=2.0, tpot_s=0.05)
     b = TokenBudget(512, slo)
     now = 100.0
-    s = stream(0, t_first=now - 0.1, generated=4)  # token 4 is due 4 x 45 ms after its first: 80 ms from now
+    s = stream(0, t_first=now - 0.1, generated=4)  # token 4 is due 4 x 0.05 x MARGIN s after its first
     allowed = b.prefill_tokens([s], now, True)
     seconds = slo.token_deadline(s, 0.05) - now
-    assert math.isclose(seconds, 0.08) and seconds < STALL_TPOTS * 0.05
+    assert math.isclose(seconds, 4 * 0.05 * MARGIN - 0.1) and seconds < STALL_TPOTS * 0.05
     assert allowed == cost.prefill_for(seconds, slo.decode_shape([s]))
     predicted = cost.seconds(StepShape(1, allowed, slo.decode_shape([s]).attended_kcells, 0))
     assert predicted <= seconds + 1e-9 and allowed > 10
     assert b.prefill_tokens([], now) == 512  # no decodes: nobody to stall
     assert TokenBudget(512, None).prefill_tokens([s], now) == 511  # no budget
-    tight = stream(1, t_first=now - 1.0, generated=22)  # due now: only the floor
+    tight = stream(1, t_first=now - 1.0, generated=20)  # overdue: only the floor
     assert b.prefill_tokens([tight], now, True) == 1
 
 

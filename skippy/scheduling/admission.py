@@ -9,10 +9,9 @@ With latency targets (the step's SloGate, scheduling.slo) the order is by effect
 priority (aged: one level better per AGING_TTFTS targets waited), on-time before late,
 then least slack to the first-token deadline, and admission also stops while one more
 sequence would push a decode-only step past the TPOT target. A head that could not make
-its first token in time if admitted now becomes late: it goes behind the on-time ones, and
-while on-time streams run, late ones take at most LATE_LANES lanes (a late request admitted
-into a row an on-time arrival needs next would make that one late too, and so on); with
-`shed_late` it is refused there and then.
+its first token in time if admitted now becomes late: it goes behind the on-time ones and
+starts only when no on-time stream runs, or once aged, in one of LATE_LANES lanes beside
+them (scheduling.slo.SloGate.late_room); with `shed_late` it is refused there and then.
 """
 
 from __future__ import annotations
@@ -172,7 +171,7 @@ class Admission:
                 if not head.late and not head.preemptions and not slo.on_time(head):
                     self._late(head, slo)
                     continue
-                if head.late and not slo.late_room():
+                if head.late and not slo.late_room(head):
                     i += 1  # on-time requests behind it still go: late ones take only room nobody on time needs
                     continue
             head.share = self._share(head, admitted, match)

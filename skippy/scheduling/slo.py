@@ -37,10 +37,10 @@ from .requests import Request
 TPOT_FACTOR = 5.0  # derived TPOT target: this many one-row decode steps
 TTFT_FACTOR = 10.0  # derived TTFT target: this many times the request's prompt computed alone
 REFERENCE_PROMPT = 128  # tokens: the prompt the derived TTFT is quoted for (log line, /metrics)
-MARGIN = 0.9  # plan to this share of the TPOT target: the step loop's own time and noise take the rest
+MARGIN = 0.95  # plan to this share of the TPOT target: the step loop's own time and noise take the rest
 STALL_TPOTS = 2.0  # at most this many TPOT targets in one step, however much slack streams banked
 AGING_TTFTS = 4.0  # waiting this many TTFT targets counts as one priority level better
-LATE_LANES = 1  # late requests running at once while on-time streams run (any number when none does)
+LATE_LANES = 1  # aged late requests running at once while on-time streams run (any number when none does)
 
 
 @attrs.frozen
@@ -57,6 +57,13 @@ class SloTargets:
         how = (f"derived: TPOT {TPOT_FACTOR:g}x a one-row decode step ({1e3 * one_row(cost):.1f} ms)"
                if self.derived else "configured")
         return f"TTFT {ttft}, TPOT {1e3 * self.tpot_s:.1f} ms ({how})"
+
+
+def aged(r: Request, now: float) -> bool:
+    """It has waited AGING_TTFTS of its own TTFT targets (one priority level's worth of aging)."""
+    if r.deadline is None:
+        return False
+    return now - r.t_arrival >= AGING_TTFTS * max(r.deadline - r.t_arrival, 1e-3)
 
 
 def one_row(cost: StepCostModel) -> float:
@@ -193,9 +200,14 @@ class SloGate:
     backlog: int  # prompt tokens on-time running requests still have to compute
     late: int = 0  # running requests that are late
 
-    def late_room(self) -> bool:
-        """A late request may start: nothing on time runs, or fewer than LATE_LANES late ones do."""
-        return self.rows == self.late or self.late < LATE_LANES
+    def late_room(self, r: Request) -> bool:
+        """A late request may start when nothing on time runs (room nobody on time needs), or, once it has
+        waited AGING_TTFTS targets, in one of LATE_LANES lanes beside them (so none waits forever while
+        on-time arrivals keep coming). Admitting late ones into rows on-time arrivals need next would make
+        those late too, and so on."""
+        if self.rows == self.late:
+            return True
+        return self.late < LATE_LANES and aged(r, self.now)
 
     def decode_room(self) -> bool:
         """One more running sequence keeps a decode-only step within MARGIN x the TPOT target."""
