@@ -35,6 +35,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.gate.gate import render  # noqa: E402
+from bench.gate.goodput_checks import goodput_checks  # noqa: E402
 from bench.gate.metrics import Slo  # noqa: E402
 from bench.gate.report import load_results, run_summary  # noqa: E402
 
@@ -91,7 +93,7 @@ def met_share(run: Any, slo: Slo) -> float:
 
 
 def report(out: Path, slos: dict[str, Slo], cap: float, rates: list[float], fractions: list[float],
-           engines: list[str], shed: bool) -> dict[str, Any]:
+           engines: list[str], shed: bool, not_dense: bool = False) -> dict[str, Any]:
     table: dict[str, Any] = {"capacity_req_s": cap, "slos": {k: [v.ttft_ms, v.tpot_ms] for k, v in slos.items()},
                              "rates": {}, "slo_capacity": {}}
     names = engines + (["skippy-shed"] if shed else [])
@@ -132,6 +134,9 @@ def report(out: Path, slos: dict[str, Slo], cap: float, rates: list[float], frac
     lines += ["", f"SLO capacity (the highest offered rate with >= {MEETS:.0%} of requests within both targets):", ""]
     for name in names:
         lines.append(f"- {name}: " + ", ".join(f"{k} {table['slo_capacity'][name][k]:g} req/s" for k in slos))
+    checks = goodput_checks(table, dense=not not_dense)
+    lines += ["", f"## Checks (`python -m bench.gate check {out.name}`): "
+              f"{sum(c.passed for c in checks)}/{len(checks)} pass", "", "```", render(checks), "```"]
     (out / "summary.md").write_text("\n".join(lines) + "\n")
     plot(out, table, names, slos)
     return table
@@ -176,6 +181,7 @@ def main() -> None:
     p.add_argument("--capacity", type=float, help="req/s, instead of measuring it (stage 2)")
     p.add_argument("--shed-late", action="store_true", help="also run skippy --shed-late at every rate")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--not-dense", action="store_true", help="the checks of a class other than dense")
     p.add_argument("--sweep-args", nargs=argparse.REMAINDER, default=[],
                    help="the rest goes to every `bench.gate sweep` (e.g. --threads 2 --n-ctx 4096)")
     args = p.parse_args()
@@ -201,8 +207,8 @@ def main() -> None:
             sweep(base / key, args, args.engines if i == 0 else ["skippy"], extra + slo_args, targets(slo))
             if args.shed_late:
                 sweep(base / f"{key}-shed", args, ["skippy"], extra + slo_args, targets(slo) + " --shed-late")
-        report(out, slos, cap, rates, args.fractions, args.engines, args.shed_late)
-    table = report(out, slos, cap, rates, args.fractions, args.engines, args.shed_late)
+        report(out, slos, cap, rates, args.fractions, args.engines, args.shed_late, args.not_dense)
+    table = report(out, slos, cap, rates, args.fractions, args.engines, args.shed_late, args.not_dense)
     print(json.dumps(table["slo_capacity"]))
 
 

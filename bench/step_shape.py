@@ -4,7 +4,7 @@ tokens (no logits but a chunk's last), timed in-process on SmolLM2 with the engi
     python bench/step_shape.py [--inv 0|1] [--reps 3] [--out DIR]
 
 The token budget predicts a mixed step's time from the steps the engine has run
-(`skippy.scheduling.budget.StepCostModel`). This probe checks that model against real steps: it
+(`skippy.scheduling.cost.StepCostModel`, by shape). This probe checks that model against real steps: it
 times D decode rows (D sequences with 160 cached tokens each) plus P prompt tokens of a fresh
 sequence, for a grid of (D, P) in shuffled order, then feeds the same (shape, seconds) pairs to the
 model and reports its error on the mixed steps (D > 0 and P > 0).
@@ -23,7 +23,7 @@ from skippy.models import resolve_model
 from skippy.native.batch import Batch
 from skippy.native.context import Context, ContextOptions
 from skippy.native.model import Model
-from skippy.scheduling.budget import StepCostModel
+from skippy.scheduling.cost import StepCostModel, StepShape, attended_kcells
 
 CONTEXT = 160  # cached tokens per decoding sequence (a 128-token prompt and some output)
 DECODES = (0, 1, 8, 16, 32)
@@ -61,14 +61,20 @@ def grid_times(ctx: Context, rng: np.random.Generator, reps: int) -> list[tuple[
     return out
 
 
+def shape_of(d: int, p: int) -> StepShape:
+    """The probe's step as the engine's cost model sees it: D rows over CONTEXT cells, a fresh P-token prompt."""
+    return StepShape(d, p, d * (CONTEXT + 1) / 1000.0 + attended_kcells(0, p), int(p > 0))
+
+
 def model_error(times: list[tuple[int, int, float]]) -> dict:
+    """The engine's step-cost model (scheduling.cost) fed every timed step, then asked for the mixed ones."""
     model = StepCostModel()
     for d, p, s in times:
-        model.observe(d + p, s)
-    fixed, per_token = model.fit()
+        model.observe(shape_of(d, p), s)
+    theta = model.theta()
     mixed = [(d, p, s) for d, p, s in times if d and p]
-    rel = [(fixed + per_token * (d + p)) / s - 1 for d, p, s in mixed]
-    return {"fixed_ms": 1e3 * fixed, "per_token_ms": 1e3 * per_token,
+    rel = [model.seconds(shape_of(d, p)) / s - 1 for d, p, s in mixed]
+    return {"fixed_ms": 1e3 * theta[0], "per_row_ms": 1e3 * theta[1], "per_token_ms": 1e3 * theta[2],
             "mixed_rel_error_median": float(np.median(rel)), "mixed_rel_error_min": float(min(rel)),
             "mixed_rel_error_max": float(max(rel))}
 

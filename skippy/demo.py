@@ -140,6 +140,10 @@ async def run_demo(
         "prefix_hit_tokens": stats.prefix_hits,
         "prefill_tokens": stats.prefill_tokens,
         "kv_cells_peak": stats.kv_used_peak.get(ComponentKind.ATTN, 0),
+        # the latency targets the steps were planned for (scheduling.slo) and how many finished within both
+        "tpot_slo_ms": None if stats.slo_tpot_s is None else round(1e3 * stats.slo_tpot_s, 1),
+        "slo_met": stats.slo_met,
+        "slo_missed": stats.slo_missed,
     }
 
 

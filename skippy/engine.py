@@ -28,7 +28,7 @@ from .actors.preemption import PreemptionActor
 from .actors.runtime_owner import RuntimeOwner
 from .actors.worker import Worker
 from .errors import EngineClosedError, InvalidInputError, StreamStateError
-from .runtime import ContextRuntime, Runtime, probe_step_costs
+from .runtime import ContextRuntime, Runtime
 from .sampling import SamplingParams
 from .scheduling.admission import Admission, fcfs_priority
 from .scheduling.lanes import LanePlan
@@ -364,7 +364,8 @@ class Engine:
         self._runtime_tx, runtime_rx = trio.open_memory_channel(math.inf)
         self._composer_tx, composer_rx = trio.open_memory_channel(math.inf)
         self.worker = Worker()
-        self._policies = build_policies(runtime, cfg, plan)
+        # a runtime may bring its own clock (skippy.testing's fake: time passes as its steps report it)
+        self._policies = build_policies(runtime, cfg, plan, clock=getattr(runtime, "clock", time.perf_counter))
         self._owner = RuntimeOwner(runtime, self.worker, runtime_rx)
         self._admission = AdmissionActor(self._policies.admission, self._composer_tx)
         self._preemption = PreemptionActor(self._policies.preemption, self._owner, self._admission)
@@ -556,16 +557,11 @@ async def open_engine(model: Any = None, **config: Any) -> AsyncIterator[Engine]
     runtime, plan = _open_runtime(model, cfg)
     try:
         invariance = await _verify_invariance(runtime, cfg)
-        probe = await trio.to_thread.run_sync(probe_step_costs, runtime) if cfg.slo_scheduling else []
     except BaseException:
         runtime.close()
         raise
     async with _serve(runtime, cfg, plan, None) as engine:
         engine.invariance = invariance
-        scheduler = engine._policies.scheduler
-        if scheduler.slo is not None and probe:
-            scheduler.slo.calibrate(probe)
-            scheduler.tell_targets()
         yield engine
 
 
@@ -594,11 +590,26 @@ async def open_engine_on(runtime: Runtime, lanes: LanePlan, *, pipeline: Any = N
         yield engine
 
 
+async def _probe(runtime: Runtime, engine: Engine) -> None:
+    """Feed the step-cost model the runtime's probe (steps of known shape timed before serving), so the
+    latency targets are derived from this machine at once; a runtime without one (a pipeline) derives them
+    from its first steps."""
+    scheduler = engine._policies.scheduler
+    probe = getattr(runtime, "probe_step_costs", None)
+    if scheduler.slo is None or probe is None:
+        return
+    samples = await trio.to_thread.run_sync(probe)
+    if samples:
+        scheduler.slo.calibrate(samples)
+        scheduler.tell_targets()
+
+
 @asynccontextmanager
 async def _serve(runtime: Runtime, cfg: EngineConfig, plan: LanePlan, pipeline: Any) -> AsyncIterator[Engine]:
     engine = None
     try:
         engine = Engine(runtime, cfg, plan, pipeline)
+        await _probe(runtime, engine)
         async with trio.open_nursery() as nursery:
             engine._start(nursery)
             try:

@@ -182,6 +182,55 @@ class ContextRuntime:
             eog = self._eog[token] = self._tok.is_eog(token)
         return eog
 
+    def _probe_prompt(self, seq: int, n: int) -> tuple[Any, float]:
+        from .scheduling.cost import StepShape, attended_kcells
+
+        tokens = (np.arange(n, dtype=np.int32) * 7 + 1 + seq) % self.n_vocab
+        t0 = time.perf_counter()
+        self.decode(tokens, np.arange(n, dtype=np.int32), np.full(n, seq, dtype=np.int32),
+                    np.r_[np.zeros(n - 1, dtype=np.int8), np.ones(1, dtype=np.int8)])
+        return StepShape(0, n, attended_kcells(0, n), 1), time.perf_counter() - t0
+
+    def _probe_decode(self, seqs: list[int], pos: int) -> tuple[Any, float]:
+        from .scheduling.cost import StepShape
+
+        k = len(seqs)
+        t0 = time.perf_counter()
+        self.decode(np.full(k, (pos * 3 + 2) % self.n_vocab, dtype=np.int32), np.full(k, pos, dtype=np.int32),
+                    np.array(seqs, dtype=np.int32), np.ones(k, dtype=np.int8))
+        return StepShape(k, 0, k * (pos + 1) / 1000.0, 0), time.perf_counter() - t0
+
+    def probe_step_costs(self) -> list[tuple[Any, float]]:
+        """Time a few steps of known shape on this context before it serves (a prompt, then one-row decodes
+        after it, for each of PROBE_PROMPTS; then PROBE_ROWS rows side by side), and leave the memory as it was: what the step-cost model
+        starts from, so the latency targets are this machine's from the first request (scheduling.slo).
+        Call it before the engine starts (it decodes on seq 0)."""
+        from .native.context import TEST_FAULT_ENV
+
+        samples: list[tuple[Any, float]] = []
+        if os.environ.get(TEST_FAULT_ENV):
+            return samples  # a test's injected faults count the serving context's decodes: the probe's would move them
+        rows = max(1, min(PROBE_ROWS, self.n_seq_max))
+        try:
+            for n in PROBE_PROMPTS:  # a prompt alone, then one-row decodes after it
+                n = min(n, self.n_batch, self.n_ctx // rows - PROBE_DECODES - 1)
+                if n < 2:
+                    break
+                samples.append(self._probe_prompt(0, n))
+                for i in range(PROBE_DECODES):
+                    samples.append(self._probe_decode([0], n + i))
+                self.seq_rm(0)
+            if rows > 1:  # decode rows side by side: what one more row costs
+                n = min(PROBE_PROMPTS[0], self.n_batch, self.n_ctx // rows - PROBE_DECODES - 1)
+                for s in range(rows):
+                    samples.append(self._probe_prompt(s, n))
+                for i in range(PROBE_DECODES):
+                    samples.append(self._probe_decode(list(range(rows)), n + i))
+        finally:
+            for s in range(rows):
+                self.seq_rm(s)
+        return samples
+
     def close(self) -> None:
         self.ctx.close()
         if self._own_model:
@@ -190,35 +239,7 @@ class ContextRuntime:
 
 PROBE_PROMPTS = (32, 128)  # prompt lengths the probe at open computes, each then decoded PROBE_DECODES times
 PROBE_DECODES = 3
-
-
-def probe_step_costs(runtime: ContextRuntime) -> list[tuple[Any, float]]:
-    """Time a few steps of known shape on the engine's own context before it serves (a prompt, then
-    one-row decodes after it, for each of PROBE_PROMPTS), and leave the memory as it was: what the
-    step-cost model starts from, so the latency targets are this machine's from the first request.
-    Runs on the worker thread's side of things: call it before the engine starts."""
-    from .scheduling.cost import StepShape, attended_kcells
-
-    samples: list[tuple[Any, float]] = []
-    n_vocab = runtime.n_vocab
-    for n in PROBE_PROMPTS:
-        n = min(n, runtime.n_batch, runtime.n_ctx - PROBE_DECODES - 1)
-        if n < 2:
-            break
-        tokens = (np.arange(n, dtype=np.int32) * 7 + 1) % n_vocab
-        try:
-            t0 = time.perf_counter()
-            runtime.decode(tokens, np.arange(n, dtype=np.int32), np.zeros(n, dtype=np.int32),
-                           np.r_[np.zeros(n - 1, dtype=np.int8), np.ones(1, dtype=np.int8)])
-            samples.append((StepShape(0, n, attended_kcells(0, n), 1), time.perf_counter() - t0))
-            for i in range(PROBE_DECODES):
-                t0 = time.perf_counter()
-                runtime.decode(np.array([(n + i) % n_vocab], dtype=np.int32), np.array([n + i], dtype=np.int32),
-                               np.zeros(1, dtype=np.int32), np.ones(1, dtype=np.int8))
-                samples.append((StepShape(1, 0, (n + i + 1) / 1000.0, 0), time.perf_counter() - t0))
-        finally:
-            runtime.seq_rm(0)
-    return samples
+PROBE_ROWS = 4  # then this many sequences decode side by side (at most n_seq_max)
 
 
 def sample_rows(logits: np.ndarray, samplers: Sequence[Sampler]) -> np.ndarray:

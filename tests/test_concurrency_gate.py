@@ -1,5 +1,7 @@
 """The concurrency gate: a long prompt is prefilled in chunks while every decoding sequence keeps
-getting a token every step. Asserted in steps, not seconds; on the fake runtime and on the real library."""
+getting a token every step. Asserted in steps, not seconds; on the fake runtime and on the real library.
+(How fast the prompt goes is the latency targets' business, scheduling.slo: it gets the slack the
+streams leave, so it may still be prefilling when they end.)"""
 
 from __future__ import annotations
 
@@ -46,7 +48,9 @@ async def gate(model, **config) -> None:
         decoded = [r.step for r in reports if rid in r.decode_ids]
         # once decoding, a session gets a token in every step until it finishes: no step skips it
         assert decoded == list(range(decoded[0], decoded[0] + len(decoded))), (name, decoded)
-        assert decoded[0] < prefill_steps[0].step and decoded[-1] > prefill_steps[-1].step
+        assert decoded[0] < prefill_steps[0].step
+        during = [r.step for r in prefill_steps if r.step <= decoded[-1]]
+        assert during and all(s in decoded for s in during), (name, during)  # no stream skipped for the prompt
     for r in prefill_steps:
         assert long_id not in r.decode_ids
         assert r.prefill_tokens + r.decode_tokens <= 32

@@ -135,7 +135,10 @@ def _parser() -> argparse.ArgumentParser:
 
     matrix_parser(sub)
     check = sub.add_parser("check", help="per-engine-pair verdicts; exit 1 when new falls short")
-    check.add_argument("results", type=Path, help="a results directory (or its results.json)")
+    check.add_argument("results", type=Path, help="a results directory (or its results.json), or a "
+                       "bench/goodput.py run (its goodput.json: the goodput checks)")
+    check.add_argument("--not-dense", action="store_true", help="a goodput run of a class other than dense: its "
+                       "SLO capacity need only match llama-server's, and no lead is required")
     _thresholds_args(check)
     _slo_args(check)
     check.set_defaults(func=_check)
@@ -243,6 +246,12 @@ def _check(args: argparse.Namespace) -> int:
 
     if is_matrix(args.results):
         return _check_matrix(args)
+    if (args.results / "goodput.json").exists():  # a bench/goodput.py run
+        from .goodput_checks import goodput_checks
+
+        checks = goodput_checks(json.loads((args.results / "goodput.json").read_text()), dense=not args.not_dense)
+        print(render(checks))
+        return 0 if checks and all(c.passed for c in checks) else 1
     meta, runs, _ = load_results(args.results)
     thresholds = _thresholds(args)
     checks = gate(summaries(runs, _slo(args, meta)), args.at_n or 32, thresholds, args.workloads)

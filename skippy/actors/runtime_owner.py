@@ -152,7 +152,8 @@ def execute(rt: Runtime, step: Decode) -> StepResult:
         logger.warning("step failed in detokenizing: {!r}", exc)
         return StepResult(rt.ledger(), error=exc)
     return StepResult(rt.ledger(), sampled.tokens, pieces, eog, sampled.t_decode,
-                      time.perf_counter() - t0 - sampled.t_decode,  # sampling + detokenizing
+                      max(0.0, time.perf_counter() - t0 - sampled.t_decode),  # sampling + detokenizing (0 when
+                      # a runtime reports simulated decode time, as skippy.testing's fake does)
                       t_sampled=t_sampled, logprobs=sampled.logprobs)
 
 

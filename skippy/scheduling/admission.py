@@ -17,6 +17,7 @@ them (scheduling.slo.SloGate.late_room); with `shed_late` it is refused there an
 from __future__ import annotations
 
 import itertools
+import math
 from typing import Any, Callable, Sequence
 
 from ..errors import LateRequestError, OverloadedError
@@ -168,9 +169,14 @@ class Admission:
                 if not slo.decode_room():
                     self.slo_held = True  # the running set is as large as the TPOT target allows
                     break
-                if not head.late and not head.preemptions and not slo.on_time(head):
-                    self._late(head, slo)
-                    continue
+                if not head.late and not head.preemptions:
+                    eta = slo.first_token_eta(head)
+                    if eta == math.inf:  # the decode rows leave no prefill time now: wait for a stream to end
+                        self.slo_held = True
+                        break
+                    if eta > slo.policy.first_deadline(head):
+                        self._late(head, slo)
+                        continue
                 if head.late and not slo.late_room(head):
                     i += 1  # on-time requests behind it still go: late ones take only room nobody on time needs
                     continue

@@ -21,7 +21,8 @@ joins each step and how many sequences run at once. With targets known, each is 
 
 Targets not given are derived from this machine's step costs (the cost model, fed by the probe at
 open): TPOT = TPOT_FACTOR x a one-row decode step, TTFT = TTFT_FACTOR x a request's own prompt
-computed alone, the gate's scaled SLO.
+computed alone (a REFERENCE_PROMPT's, for a shorter one: a short prompt still waits its turn), the
+gate's scaled SLO.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ LATE_LANES = 1  # aged late requests running at once while on-time streams run (
 
 @attrs.frozen
 class SloTargets:
-    """The targets in seconds. `ttft_s` None: each request's own, TTFT_FACTOR x its prompt alone."""
+    """The targets in seconds. `ttft_s` None: each request's own, TTFT_FACTOR x its prompt alone (at least
+    a REFERENCE_PROMPT's)."""
 
     ttft_s: float | None
     tpot_s: float
@@ -122,7 +124,7 @@ class SloPolicy:
             t = self.resolve()
             ttft = t.ttft_s if t is not None and t.ttft_s is not None else None
             if ttft is None:
-                ttft = TTFT_FACTOR * self.cost.prefill_seconds(int(r.prompt.size))
+                ttft = TTFT_FACTOR * self.cost.prefill_seconds(max(int(r.prompt.size), REFERENCE_PROMPT))
             r.deadline = r.t_arrival + ttft
         return r.deadline
 
@@ -211,8 +213,8 @@ class SloGate:
 
     def decode_room(self) -> bool:
         """One more running sequence keeps a decode-only step within MARGIN x the TPOT target."""
-        if self.rows == 0:
-            return True  # an idle engine always takes the head: whatever the target, nothing else runs
+        if self.rows == self.late:
+            return True  # nothing on time runs (an idle engine, or targets nobody can meet): nobody to protect
         shape = StepShape(self.rows + 1, 0, self.kcells, 0)
         return self.policy.cost.seconds(shape) <= MARGIN * self.tpot_s
 

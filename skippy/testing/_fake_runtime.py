@@ -140,6 +140,25 @@ class FakeRuntime:
         with self.lock:
             return self._decode(tokens, positions, seq_ids, outputs)
 
+    def probe_step_costs(self) -> list:
+        """What ContextRuntime's probe at open would time, from `step_cost` (nothing is decoded: the fake's
+        memory and decode counts stay as they are)."""
+        from ..runtime import PROBE_DECODES, PROBE_PROMPTS, PROBE_ROWS
+        from ..scheduling.cost import StepShape, attended_kcells
+
+        out = []
+        for n in PROBE_PROMPTS:
+            n = min(n, self.n_batch)
+            out.append((StepShape(0, n, attended_kcells(0, n), 1), float(self.step_cost(1, n - 1))))
+            out += [(StepShape(1, 0, (n + i + 1) / 1000.0, 0), float(self.step_cost(1, 0))) for i in range(PROBE_DECODES)]
+        rows = min(PROBE_ROWS, self.n_seq_max)
+        if rows > 1:
+            n = min(PROBE_PROMPTS[0], self.n_batch)
+            out += [(StepShape(0, n, attended_kcells(0, n), 1), float(self.step_cost(1, n - 1)))] * rows
+            out += [(StepShape(rows, 0, rows * (n + i + 1) / 1000.0, 0), float(self.step_cost(rows, 0)))
+                    for i in range(PROBE_DECODES)]
+        return out
+
     def decode_sample(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
                       samplers: Sequence[Sampler], rows=None) -> Sampled:
         sampled = decode_then_sample(self.decode, tokens, positions, seq_ids, outputs, samplers, rows)

@@ -23,10 +23,12 @@ def test_demo_on_a_synthetic_family_ends_with_one_json_line(native_build):
     result = json.loads(lines[0])
     assert set(result) == {"completed", "failed", "max_running", "steps", "mixed_steps", "preemptions",
                            "out_tok_per_s", "step_overhead_pct", "prefix_hit_tokens", "prefill_tokens",
-                           "kv_cells_peak"}
+                           "kv_cells_peak", "tpot_slo_ms", "slo_met", "slo_missed"}
     assert result["completed"] == 6 and result["failed"] == 0
     assert result["max_running"] == 4 and result["mixed_steps"] > 0
     assert 0 <= result["step_overhead_pct"] <= 100
+    assert result["tpot_slo_ms"] > 0  # derived at open from this machine's steps
+    assert result["slo_met"] + result["slo_missed"] == 6  # every session scored against the targets
 
 
 def test_demo_with_a_shared_system_prompt_computes_it_once(native_build):

@@ -1,0 +1,62 @@
+"""Latency targets through the server: the targets in /metrics, met requests counted there, and a request
+shed as late (`shed_late`) answered 429 + Retry-After with OpenAI's error body (an SSE error event once a
+stream has started), never a 500 and never a hang."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+import trio
+
+from ._live import live_server, metric
+
+pytestmark = pytest.mark.server
+
+OK = {"model": "test-model", "prompt": "hello there", "max_tokens": 4}
+
+
+async def test_targets_and_outcomes_are_in_metrics(synth_model_path):
+    with trio.fail_after(60):
+        async with live_server(synth_model_path("llama"), ttft_slo_ms=60_000, tpot_slo_ms=10_000) as (url, _, engine):
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                for _ in range(3):
+                    assert (await http.post("/v1/completions", json=OK)).status_code == 200
+                await engine.settled()
+                text = (await http.get("/metrics")).text
+    assert metric(text, "skippy_slo_tpot_target_seconds") == 10.0
+    assert metric(text, "skippy_slo_ttft_target_seconds") == 60.0
+    assert metric(text, "skippy_slo_requests_total", 'outcome="met"') == 3
+    assert metric(text, "skippy_slo_requests_total", 'outcome="shed"') == 0
+
+
+async def test_derived_targets_show_in_metrics(synth_model_path):
+    with trio.fail_after(60):
+        async with live_server(synth_model_path("llama")) as (url, _, engine):
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                text = (await http.get("/metrics")).text
+    # the probe at open measured this machine: a one-row step's 5x, and a 128-token prompt's 10x
+    assert 0 < metric(text, "skippy_slo_tpot_target_seconds") < 10
+    assert 0 < metric(text, "skippy_slo_ttft_target_seconds") < 60
+
+
+async def test_a_request_that_cannot_meet_its_ttft_is_shed_with_429(synth_model_path):
+    """A TTFT target no prompt can meet (1 us): with shed_late every request is refused at once."""
+    with trio.fail_after(60):
+        async with live_server(synth_model_path("llama"), ttft_slo_ms=0.001, tpot_slo_ms=1000,
+                               shed_late=True) as (url, _, engine):
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                r = await http.post("/v1/completions", json=OK)
+                assert r.status_code == 429, r.text
+                assert int(r.headers["retry-after"]) >= 1
+                err = r.json()["error"]
+                assert err["type"] == "rate_limit_error" and err["code"] == "late_shed"
+                async with http.stream("POST", "/v1/completions", json={**OK, "stream": True}) as s:
+                    lines = [line async for line in s.aiter_lines() if line.startswith("data: ")]
+                events = [json.loads(line[6:]) for line in lines if line != "data: [DONE]"]
+                assert events and events[-1]["error"]["code"] == "late_shed"
+                text = (await http.get("/metrics")).text
+                assert metric(text, "skippy_slo_requests_total", 'outcome="shed"') == 2
+                assert (await http.get("/health")).status_code == 200
+            assert engine.stats().finished["error"] == 0  # shed requests are refusals, not failures
