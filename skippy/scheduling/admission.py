@@ -165,7 +165,7 @@ class Admission:
                 self.cancel(head)
                 self.cancelled_here.append(head)
                 continue
-            if slo is not None:
+            if slo is not None and head.fork_of is None:  # a fork goes with its first choice (scheduling.forks)
                 if not slo.decode_room():
                     self.slo_held = True  # the running set is as large as the TPOT target allows
                     break
@@ -204,7 +204,8 @@ class Admission:
         policy = slo.policy
         for r in list(self.waiting):
             policy.first_deadline(r)
-            if not r.late and not r.preemptions and r.cached == 0 and policy.prefill_hopeless(r, slo.now):
+            if (not r.late and not r.preemptions and r.fork_of is None and r.cached == 0
+                    and policy.prefill_hopeless(r, slo.now)):
                 self._late(r, slo, requeue=False)
         if len(self.waiting) > 1:
             self.waiting.sort(key=lambda r: slo_order(r, slo.now))
