@@ -288,6 +288,8 @@ def _serve_engine(args: argparse.Namespace, opener, host: str, port: int) -> int
                     app, host, port, shutdown_trigger=wait_for_signal, deadline=args.shutdown_deadline,
                     limits=HttpLimits(max_body_bytes=args.max_body_bytes), task_status=task_status, **tls))
                 print(f"skippy: serving {names[0]} on {', '.join(binds)} (Ctrl-C to stop)", file=sys.stderr, flush=True)
+                if (targets := engine.latency_targets()) is not None:
+                    print(f"skippy: latency targets: {targets}", file=sys.stderr, flush=True)
         print("skippy: stopped", file=sys.stderr, flush=True)
 
     trio.run(main)

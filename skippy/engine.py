@@ -525,6 +525,12 @@ class Engine:
         while not self._composer.parked.is_set():
             await self._composer.parked.wait()
 
+    def latency_targets(self) -> str | None:
+        """The latency targets steps are planned for, in words (configured or derived), or None (none yet)."""
+        slo = self._policies.scheduler.slo
+        targets = slo.resolve() if slo is not None else None
+        return None if targets is None else targets.describe(slo.cost)
+
     def stats(self) -> EngineStats:
         """Computed from the scheduler's state now (between steps: cells a cancel freed show at once).
         The steps of a run ahead (`run_ahead`: inline-read streams only) count once it is collected,
@@ -598,7 +604,9 @@ async def _probe(runtime: Runtime, engine: Engine) -> None:
     probe = getattr(runtime, "probe_step_costs", None)
     if scheduler.slo is None or probe is None:
         return
-    samples = await trio.to_thread.run_sync(probe)
+    # on the engine's own worker thread, where every later decode runs: a first decode from another thread
+    # (trio's cache) left ggml's thread team of that thread competing with the worker's for seconds
+    samples = await engine.worker.start(probe).result()
     if samples:
         scheduler.slo.calibrate(samples)
         scheduler.tell_targets()

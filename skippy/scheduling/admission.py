@@ -10,7 +10,7 @@ priority (aged: one level better per AGING_TTFTS targets waited), on-time before
 then least slack to the first-token deadline, and admission also stops while one more
 sequence would push a decode-only step past the TPOT target. A head that could not make
 its first token in time if admitted now becomes late: it goes behind the on-time ones and
-starts only when no on-time stream runs, or once aged, in one of LATE_LANES lanes beside
+starts only when no on-time stream runs (into half the rows the TPOT target allows), or once aged, in one of LATE_LANES lanes beside
 them (scheduling.slo.SloGate.late_room); with `shed_late` it is refused there and then.
 """
 

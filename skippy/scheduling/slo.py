@@ -41,7 +41,7 @@ REFERENCE_PROMPT = 128  # tokens: the prompt the derived TTFT is quoted for (log
 MARGIN = 0.95  # plan to this share of the TPOT target: the step loop's own time and noise take the rest
 STALL_TPOTS = 2.0  # at most this many TPOT targets in one step, however much slack streams banked
 AGING_TTFTS = 4.0  # waiting this many TTFT targets counts as one priority level better
-LATE_LANES = 1  # aged late requests running at once while on-time streams run (any number when none does)
+LATE_LANES = 1  # aged late requests running at once while on-time streams run (half the rows when none does)
 
 
 @attrs.frozen
@@ -203,13 +203,19 @@ class SloGate:
     late: int = 0  # running requests that are late
 
     def late_room(self, r: Request) -> bool:
-        """A late request may start when nothing on time runs (room nobody on time needs), or, once it has
-        waited AGING_TTFTS targets, in one of LATE_LANES lanes beside them (so none waits forever while
-        on-time arrivals keep coming). Admitting late ones into rows on-time arrivals need next would make
-        those late too, and so on."""
-        if self.rows == self.late:
-            return True
+        """A late request may start when nothing on time runs (into at most half the rows the target allows),
+        or, once it has waited AGING_TTFTS targets, in one of LATE_LANES lanes beside on-time streams (so none
+        waits forever while on-time arrivals keep coming). Late requests in rows on-time arrivals need next
+        would make those late too, and so on: a collapse that feeds itself (seen at 1x capacity, served)."""
+        if self.rows == self.late:  # at most half the rows the TPOT target allows: on-time arrivals need the rest
+            return self.late < max(LATE_LANES, self.max_rows() // 2)
         return self.late < LATE_LANES and aged(r, self.now)
+
+    def max_rows(self) -> int:
+        """The most rows a decode-only step of this running set can have within MARGIN x the TPOT target."""
+        cost = self.policy.cost
+        base = cost.seconds(StepShape(0, 0, self.kcells, 0))
+        return max(1, int((MARGIN * self.tpot_s - base) / cost.per_decode_row()))
 
     def decode_room(self) -> bool:
         """One more running sequence keeps a decode-only step within MARGIN x the TPOT target."""
