@@ -7,12 +7,13 @@ runs, resumes and reports what it ran."""
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from pathlib import Path
 
 import pytest
 import trio
+
+from _stop import stop_gently  # noqa: E402 (tests/bench is on sys.path: no package here)
 
 pytestmark = pytest.mark.bench
 
@@ -20,14 +21,6 @@ REPO = Path(__file__).resolve().parents[2]
 BUDGET_S = 600  # ~2 min on an idle 2-core machine; the native tools are built by the quick sweep's test first
 SMALL = ["--threads", "2", "--n-ctx", "1024", "--n-batch", "64", "--short-in", "32", "--short-out", "8",
          "--warmup", "1", "--request-timeout", "60", "--startup-timeout", "60", "--min-requests", "4"]
-
-
-async def _stop_gently(process: trio.Process) -> None:
-    process.send_signal(signal.SIGTERM)
-    with trio.move_on_after(30):
-        await process.wait()
-    if process.returncode is None:
-        process.kill()
 
 
 async def goodput(out: Path) -> trio.CompletedProcess:
@@ -40,7 +33,7 @@ async def goodput(out: Path) -> trio.CompletedProcess:
             [sys.executable, "bench/goodput.py", "--out-dir", str(out), "--name", "g", "--family", "llama",
              "--engines", "skippy", "llama-server", "--fractions", "0.8", "1.5", "--requests", "8", "--shed-late",
              "--sweep-args", *SMALL],
-            cwd=REPO, check=False, capture_stdout=True, capture_stderr=True, deliver_cancel=_stop_gently)
+            cwd=REPO, check=False, capture_stdout=True, capture_stderr=True, deliver_cancel=stop_gently)
 
 
 async def test_goodput_script_end_to_end_and_resumes(tmp_path: Path):

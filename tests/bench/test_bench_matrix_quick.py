@@ -6,13 +6,14 @@ verdict per class and `report` redraws the summary."""
 from __future__ import annotations
 
 import json
-import signal
 import sys
 from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
+
+from _stop import stop_gently  # noqa: E402 (tests/bench is on sys.path: no package here)
 
 from bench.gate.matrix import CLASS_NAMES
 
@@ -26,19 +27,10 @@ LENIENT = ["--vs-single-lane-throughput", "0", "--vs-single-lane-goodput", "0", 
            "--vs-llama-goodput", "0", "--p99-ttft-slack", "1e9", "--n1-tolerance", "1"]
 
 
-async def _stop_gently(process: trio.Process) -> None:
-    """The harness stops its servers on SIGTERM; give it time before SIGKILL."""
-    process.send_signal(signal.SIGTERM)
-    with trio.move_on_after(30):
-        await process.wait()
-    if process.returncode is None:
-        process.kill()
-
-
 async def bench(*args: str, budget: float) -> trio.CompletedProcess:
     with trio.fail_after(budget):
         return await trio.run_process([sys.executable, "-m", "bench.gate", *args], cwd=REPO, check=False,
-                                      capture_stdout=True, capture_stderr=True, deliver_cancel=_stop_gently)
+                                      capture_stdout=True, capture_stderr=True, deliver_cancel=stop_gently)
 
 
 @pytest.fixture

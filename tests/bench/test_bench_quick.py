@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from functools import partial
 from pathlib import Path
 
 import pytest
 import trio
+
+from _stop import stop_gently  # noqa: E402 (tests/bench is on sys.path: no package here)
 
 pytestmark = pytest.mark.bench
 
@@ -24,19 +25,10 @@ BUILD_BUDGET_S = 1200  # a fresh machine builds llama-server and llama-batched-b
 SWEEP_BUDGET_S = 240  # ~30 s on an idle 2-core machine
 
 
-async def _stop_gently(process: trio.Process) -> None:
-    """The harness stops its servers on SIGTERM; give it time before SIGKILL."""
-    process.send_signal(signal.SIGTERM)
-    with trio.move_on_after(30):
-        await process.wait()
-    if process.returncode is None:
-        process.kill()
-
-
 async def bench(*args: str, budget: float) -> trio.CompletedProcess:
     with trio.fail_after(budget):
         return await trio.run_process([sys.executable, "-m", "bench.gate", *args], cwd=REPO, check=False,
-                                      capture_stdout=True, capture_stderr=True, deliver_cancel=_stop_gently)
+                                      capture_stdout=True, capture_stderr=True, deliver_cancel=stop_gently)
 
 
 @pytest.fixture
