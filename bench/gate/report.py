@@ -131,7 +131,7 @@ def markdown(meta: dict[str, Any], runs: Sequence[RunResult], batched: list[dict
         f"# Gate sweep ({meta['created']})",
         "",
         f"Model `{Path(m['path']).name}`; threads {srv['threads']}, n_ctx {srv['n_ctx']} (one shared pool), "
-        f"n_batch {srv['n_batch']}; host {meta['host']['node']} ({meta['host']['cpus']} CPUs); "
+        f"n_batch {srv['n_batch']}; host {meta['host']['node']} ({meta['host']['cpus']} CPUs, {meta['host'].get('isa', 'ISA not recorded')}); "
         f"commit {str(meta.get('git_commit'))[:10]}.",
         f"SLO: {slo_text}. Latencies in ms; warm-up ({meta['run']['warmup']} requests per run) excluded. "
         "TPOT = (E2E − TTFT)/(output tokens − 1) per request; ITL pooled over requests; goodput = req/s meeting "

@@ -71,6 +71,18 @@ def _git_commit() -> str | None:
         return None
 
 
+def isa() -> str:
+    """The widest SIMD the CPU has (what the kernels pick their path by): AVX-512, AVX2, NEON, or the machine."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        flags = ""
+    for name, flag in (("AVX-512", "avx512f"), ("AVX2", "avx2"), ("NEON", "asimd")):
+        if f" {flag}" in flags:
+            return name
+    return platform.machine()
+
+
 def meta(opts: SweepOptions, tools: Tools) -> dict[str, Any]:
     """Everything needed to reproduce or question the figures."""
     return {
@@ -78,7 +90,7 @@ def meta(opts: SweepOptions, tools: Tools) -> dict[str, Any]:
         "command": ["python", "-m", "bench.gate", *sys.argv[1:]],
         "git_commit": _git_commit(),
         "host": {"node": platform.node(), "machine": platform.machine(), "cpus": os.cpu_count(),
-                 "python": platform.python_version()},
+                 "python": platform.python_version(), "isa": isa()},
         "model": {"model": opts.server.model.model, "family": opts.server.model.family,
                   "path": str(opts.server.model.path), "bytes": opts.server.model.path.stat().st_size},
         "server": {"threads": opts.server.threads, "n_ctx": opts.server.n_ctx, "n_batch": opts.server.n_batch},

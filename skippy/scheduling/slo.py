@@ -183,11 +183,14 @@ class SloPolicy:
         t = self.resolve()
         if t is None or not self.cost.calibrated:
             return None
-        rows = len(running)
-        kcells = sum(r.n_tokens for r in running) / 1000.0
-        backlog = sum(max(0, r.pending - 1) for r in running if not r.late)
-        late = sum(1 for r in running if r.late)
-        return SloGate(self, t.tpot_s, now, rows, kcells, backlog, late)
+        cells = backlog = late = 0
+        for r in running:  # one pass: this runs every step that asks admission
+            cells += r.n_tokens
+            if r.late:
+                late += 1
+            else:
+                backlog += max(0, r.pending - 1)
+        return SloGate(self, t.tpot_s, now, len(running), cells / 1000.0, backlog, late)
 
 
 @attrs.define

@@ -106,10 +106,11 @@ class StepScheduler:
         admitted: Sequence[Request] = ()
         queried = not victims and not self.preempted_last
         now = self.clock()
-        gate = self._slo_gate(now)
+        planned = self._mark_late_prompts(now)
         if queried and (self._woken or self.waiting):
             self._woken = False
             headroom = Headroom.of(self.ledger, self.running, self.decode_reserve)
+            gate = self.slo.gate(self.running, now) if planned else None  # built only when admission is asked
             answer: Admitted = yield Admit(headroom, self.prefix.match if self.prefix is not None else None, gate)
             admitted, self.waiting = answer.requests, answer.waiting
             self._admitted(admitted)
@@ -502,17 +503,15 @@ class StepScheduler:
 
     # -- latency targets (scheduling.slo) -------------------------------------------------
 
-    def _slo_gate(self, now: float) -> Any:
-        """The running set against the targets for admission; running prompts that could no longer make
-        their first token in time marked late (they stop taking budget from those that can)."""
-        if self.slo is None:
-            return None
-        if self.tell_targets() is None:
-            return None
+    def _mark_late_prompts(self, now: float) -> bool:
+        """Whether steps are planned against targets; running prompts that could no longer make their first
+        token in time are marked late (they stop taking budget from those that can)."""
+        if self.slo is None or self.tell_targets() is None:
+            return False
         for r in self.running:
             if not r.late and r.t_first is None and r.pending > 1 and self.slo.prefill_hopeless(r, now):
                 r.late = True
-        return self.slo.gate(self.running, now)
+        return True
 
     def tell_targets(self) -> Any:
         """The targets once resolved (scheduling.slo), said in one log line the first time."""
