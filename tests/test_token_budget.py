@@ -167,3 +167,58 @@ def test_the_composer_puts_on_time_prompts_before_late_ones_and_then_by_deadline
     assert [ch.request.id for ch in plan.chunks] == [2, 1, 0]
     assert [ch.n for ch in plan.chunks] == [20, 20, 5]
     assert plan.shape == StepShape(0, 45, attended_kcells(0, 20) * 2 + attended_kcells(0, 5), 3)
+
+
+def test_late_streams_decode_only_in_the_time_on_time_work_leaves():
+    cost = trained()
+    slo = SloPolicy(cost, ttft_s=2.0, tpot_s=0.05)
+    b = TokenBudget(512, slo)
+    now = 100.0
+    on = [stream(i, t_first=now - 0.05 * MARGIN * 10 + 0.03, generated=10) for i in range(4)]  # 30 ms of slack
+    late = [stream(10 + i, t_first=now - 10.0, generated=10) for i in range(12)]
+    for i, r in enumerate(late):
+        r.late, r.t_arrival = True, 50.0 - i  # the last one arrived first
+    kept = b.rows(on + late, [], now)
+    assert kept[:4] == on
+    taken = kept[4:]
+    room = int((0.03 - cost.seconds(StepShape(4, 0, slo.decode_shape(on).attended_kcells, 0))) / cost.per_decode_row())
+    assert 1 <= len(taken) == max(1, room) < len(late)  # what the slack holds, and never none: each late one ends
+    assert taken == sorted(late, key=lambda r: r.t_arrival)[: len(taken)]  # oldest first
+    assert b.rows(late, [], now) == late  # nothing on time runs or waits: nobody to protect
+    overdue = [stream(20 + i, t_first=now - 0.05 * MARGIN * 10 - 0.01, generated=10) for i in range(4)]
+    assert b.rows(overdue + late, [], now) == overdue + [late[-1]]  # no slack: only the one that always goes
+    prompt = Request(30, np.arange(1, 201, dtype=np.int32), 8)
+    prompt.cached, prompt.seq_id, prompt.state = 0, 30, RequestState.RUNNING
+    assert len(b.rows(late, [prompt], now)) < len(late)  # an on-time prompt: late rows yield to it too
+    assert TokenBudget(512, None).rows(on + late, [], now) == on + late  # no targets: everyone decodes
+
+
+def test_the_composer_leaves_yielded_late_streams_out_without_calling_it_pressure():
+    slo = SloPolicy(trained(), ttft_s=2.0, tpot_s=0.05)
+    c = Composer(64, TokenBudget(64, slo))
+    now = 100.0
+    on = [stream(i, t_first=now - 0.05 * MARGIN * 10 - 0.01, generated=10) for i in range(4)]
+    late = [stream(10 + i, t_first=now - 10.0, generated=10) for i in range(6)]
+    for r in late:
+        r.late = True
+    c.add(on + late)
+    plan = c.compose(now=now)
+    assert plan.n_decode == 5 and plan.yielded == 5 and plan.starved == 0  # starved would preempt someone
+    assert plan.advanced().yielded == 5
+
+
+def test_a_late_request_starts_only_while_the_lanes_left_hold_the_on_time_streams_the_target_allows():
+    slo = SloPolicy(trained(), ttft_s=2.0, tpot_s=0.05)
+    now = 100.0
+    on = [stream(i, t_first=now - 0.1, generated=4) for i in range(2)]
+    late = stream(9, t_first=now - 10.0, generated=10)
+    late.late = True
+    gate = slo.gate(on + [late], now)
+    rows = gate.max_rows()
+    assert rows > 3 and gate.on_rows == 3  # two on-time streams and the late lane that always decodes
+    lanes = 4 * rows
+    assert gate.late_room(free_lanes=rows - 2 + 1, ceiling=lanes)
+    assert not gate.late_room(free_lanes=rows - 2, ceiling=lanes)  # its lane is one an on-time arrival needs
+    assert gate.late_room(free_lanes=4, ceiling=8)  # half the lanes are always theirs
+    assert not gate.late_room(free_lanes=2, ceiling=8)
+    assert gate.decode_room()  # late streams do not count against the rows on-time arrivals may have

@@ -10,8 +10,9 @@ priority (aged: one level better per AGING_TTFTS targets waited), on-time before
 then least slack to the first-token deadline, and admission also stops while one more
 sequence would push a decode-only step past the TPOT target. A head that could not make
 its first token in time if admitted now becomes late: it goes behind the on-time ones and
-starts only when no on-time stream runs (into half the rows the TPOT target allows), or once aged, in one of LATE_LANES lanes beside
-them (scheduling.slo.SloGate.late_room); with `shed_late` it is refused there and then.
+starts while the lanes left still hold the on-time streams the target allows (it decodes in
+the time on-time work leaves: scheduling.slo.SloGate.late_room, scheduling.budget); with
+`shed_late` it is refused there and then.
 """
 
 from __future__ import annotations
@@ -177,7 +178,7 @@ class Admission:
                     if eta > slo.policy.first_deadline(head):
                         self._late(head, slo)
                         continue
-                if head.late and not slo.late_room(head):
+                if head.late and not slo.late_room(len(self.lanes), self.lanes.ceiling):
                     i += 1  # on-time requests behind it still go: late ones take only room nobody on time needs
                     continue
             head.share = self._share(head, admitted, match)

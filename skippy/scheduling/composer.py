@@ -1,8 +1,9 @@
 """The running set and step composition: pure, no trio, no llama.
 
-A step is one decode token for every running sequence first, then prefill chunks
-for the others in admission order, under the token budget. So a long prompt is
-chunked across steps and never stalls the sequences that are already decoding.
+A step is one decode token for every running sequence first (late ones only as far
+as on-time work leaves time: scheduling.budget), then prefill chunks for the others,
+under the token budget. So a long prompt is chunked across steps and never stalls the
+sequences that are already decoding.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ class StepPlan:
     starved: int  # decoding sequences that did not fit the budget: pressure
     rows: LogitRows | None = None  # only when a request of the step asked for logprobs (see scheduling.logprobs)
     shape: StepShape | None = None  # what the step computes, for the cost model (scheduling.cost)
+    yielded: int = 0  # late streams left out for on-time work this step (scheduling.budget.TokenBudget.rows)
 
     @property
     def n_tokens(self) -> int:
@@ -84,7 +86,7 @@ class StepPlan:
         if shape is not None:
             shape = StepShape(shape.decode_rows, 0, shape.attended_kcells + shape.decode_rows / 1000.0, 0)
         return StepPlan(chunks, np.empty_like(self.tokens), self.positions + 1, self.seq_ids, self.outputs, 0,
-                        self.rows, shape)
+                        self.rows, shape, self.yielded)
 
 
 def prefill_order(r: Request) -> tuple:
@@ -143,11 +145,12 @@ class Composer:
                     decoding.append(r)
                 elif r.pending > 1:
                     prefilling.append(r)
-        fit = decoding[: max(budget, 0)]
-        chunks = [Chunk(r, r.cached, 1, True, True) for r in fit]
-        left = budget - len(fit)
         if len(prefilling) > 1:
             prefilling.sort(key=prefill_order)
+        kept = self.budget.rows(decoding, prefilling, now) if self.budget is not None else decoding
+        fit = kept[: max(budget, 0)]
+        chunks = [Chunk(r, r.cached, 1, True, True) for r in fit]
+        left = budget - len(fit)
         if self.budget is not None and fit and prefilling:
             on_time = any(not r.late for r in prefilling)
             left = min(left, self.budget.prefill_tokens(fit, now, on_time, prefilling[0].cached))
@@ -180,7 +183,7 @@ class Composer:
         rows = plan_rows(chunks, out) if self.n_logprobs else None
         new = sum(1 for c in chunks if c.start == c.request.shared_tokens)
         shape = StepShape(n_dec, int(tok.size) - n_dec, kcells, new)
-        return StepPlan(tuple(chunks), tok, pos, seq, out, len(decoding) - n_dec, rows, shape)
+        return StepPlan(tuple(chunks), tok, pos, seq, out, len(kept) - n_dec, rows, shape, len(decoding) - len(kept))
 
     def apply(
         self, plan: StepPlan, tokens: Sequence[int], pieces: Sequence[bytes], eog: Sequence[bool],

@@ -11,8 +11,8 @@ joins each step and how many sequences run at once. With targets known, each is 
   bounded).
 - A request's first token is due at t_arrival + ttft. Waiting requests go least slack first,
   priority before that (lower first, as in vLLM), and a request that can no longer meet its
-  deadline is *late*: it stops taking budget from those that still can (it goes after them, and
-  no step is planned around it). Aging (one priority level per AGING_TTFTS targets waited) keeps
+  deadline is *late*: it stops taking budget from those that still can (it goes after them, no
+  step is planned around it, and it decodes in the time on-time work leaves). Aging (one priority level per AGING_TTFTS targets waited) keeps
   anything from waiting forever behind a stream of others.
 - Admission (scheduling.admission) lets a request start only while the decode rows of the
   running set plus its own leave its prefill time to finish by its deadline and every stream
@@ -41,7 +41,7 @@ REFERENCE_PROMPT = 128  # tokens: the prompt the derived TTFT is quoted for (log
 MARGIN = 0.95  # plan to this share of the TPOT target: the step loop's own time and noise take the rest
 STALL_TPOTS = 2.0  # at most this many TPOT targets in one step, however much slack streams banked
 AGING_TTFTS = 4.0  # waiting this many TTFT targets counts as one priority level better
-LATE_LANES = 1  # aged late requests running at once while on-time streams run (half the rows when none does)
+LATE_LANES = 1  # late streams that decode every step whatever on-time work needs (so each one ends)
 
 
 @attrs.frozen
@@ -59,13 +59,6 @@ class SloTargets:
         how = (f"derived: TPOT {TPOT_FACTOR:g}x a one-row decode step ({1e3 * one_row(cost):.1f} ms)"
                if self.derived else "configured")
         return f"TTFT {ttft}, TPOT {1e3 * self.tpot_s:.1f} ms ({how})"
-
-
-def aged(r: Request, now: float) -> bool:
-    """It has waited AGING_TTFTS of its own TTFT targets (one priority level's worth of aging)."""
-    if r.deadline is None:
-        return False
-    return now - r.t_arrival >= AGING_TTFTS * max(r.deadline - r.t_arrival, 1e-3)
 
 
 def one_row(cost: StepCostModel) -> float:
@@ -185,10 +178,10 @@ class SloPolicy:
             return None
         cells = backlog = late = 0
         for r in running:  # one pass: this runs every step that asks admission
-            cells += r.n_tokens
             if r.late:
                 late += 1
             else:
+                cells += r.n_tokens
                 backlog += max(0, r.pending - 1)
         return SloGate(self, t.tpot_s, now, len(running), cells / 1000.0, backlog, late)
 
@@ -201,18 +194,23 @@ class SloGate:
     tpot_s: float
     now: float
     rows: int  # sequences running (each decodes every step once its prompt is in)
-    kcells: float  # cells they attend, in thousands
+    kcells: float  # cells the on-time ones attend, in thousands
     backlog: int  # prompt tokens on-time running requests still have to compute
     late: int = 0  # running requests that are late
 
-    def late_room(self, r: Request) -> bool:
-        """A late request may start when nothing on time runs (into at most half the rows the target allows),
-        or, once it has waited AGING_TTFTS targets, in one of LATE_LANES lanes beside on-time streams (so none
-        waits forever while on-time arrivals keep coming). Late requests in rows on-time arrivals need next
-        would make those late too, and so on: a collapse that feeds itself (seen at 1x capacity, served)."""
-        if self.rows == self.late:  # at most half the rows the TPOT target allows: on-time arrivals need the rest
-            return self.late < max(LATE_LANES, self.max_rows() // 2)
-        return self.late < LATE_LANES and aged(r, self.now)
+    @property
+    def on_rows(self) -> int:
+        """The rows each step must carry: on-time streams, and the LATE_LANES late ones that always decode
+        (the rest decode only in time on-time work leaves, scheduling.budget.TokenBudget.rows)."""
+        return self.rows - self.late + min(self.late, LATE_LANES)
+
+    def late_room(self, free_lanes: int, ceiling: int) -> bool:
+        """A late request may start while the lanes left after it still hold as many on-time streams as the
+        target allows (at most half the lanes: late ones always have the other half). It decodes only in
+        time on-time work leaves, but a lane it holds is one an on-time arrival cannot have (when late
+        requests took every lane, on-time arrivals waited and went late in turn: a collapse that feeds
+        itself, seen served at 1x capacity)."""
+        return free_lanes - 1 >= min(self.max_rows(), ceiling // 2) - (self.rows - self.late)
 
     def max_rows(self) -> int:
         """The most rows a decode-only step of this running set can have within MARGIN x the TPOT target."""
@@ -221,10 +219,10 @@ class SloGate:
         return max(1, int((MARGIN * self.tpot_s - base) / cost.per_decode_row()))
 
     def decode_room(self) -> bool:
-        """One more running sequence keeps a decode-only step within MARGIN x the TPOT target."""
+        """One more on-time stream keeps a decode-only step within MARGIN x the TPOT target."""
         if self.rows == self.late:
             return True  # nothing on time runs (an idle engine, or targets nobody can meet): nobody to protect
-        shape = StepShape(self.rows + 1, 0, self.kcells, 0)
+        shape = StepShape(self.on_rows + 1, 0, self.kcells, 0)
         return self.policy.cost.seconds(shape) <= MARGIN * self.tpot_s
 
     def first_token_eta(self, r: Request) -> float:
@@ -232,10 +230,10 @@ class SloGate:
         prefill rate steps have left beside the decode rows (each step MARGIN x the target long)."""
         cost = self.policy.cost
         tokens = self.backlog + max(1, r.pending)
-        if self.rows == 0:
+        if self.rows == self.late:  # late streams yield to its prompt (scheduling.budget)
             return self.now + cost.prefill_seconds(tokens, r.cached)
         step = MARGIN * self.tpot_s
-        per_step = cost.prefill_for(step, StepShape(self.rows + 1, 0, self.kcells, 0), r.cached)
+        per_step = cost.prefill_for(step, StepShape(self.on_rows + 1, 0, self.kcells, 0), r.cached)
         if per_step <= 0:
             return math.inf
         return self.now + math.ceil(tokens / per_step) * step
@@ -246,6 +244,6 @@ class SloGate:
     def take(self, r: Request) -> None:
         self.rows += 1
         self.late += r.late
-        self.kcells += r.n_tokens / 1000.0
         if not r.late:
+            self.kcells += r.n_tokens / 1000.0
             self.backlog += max(0, r.pending - 1)

@@ -183,7 +183,7 @@ class StepScheduler:
 
     def _steady(self, plan: StepPlan) -> bool:
         """Whether the decode step after `plan` (still running) can be launched now."""
-        if self._woken or self.waiting or self._deferred or self.preempted_last or not plan.all_decode:
+        if self._woken or self.waiting or self._deferred or self.preempted_last or not plan.all_decode or plan.yielded:
             return False
         running = set(map(id, self.running))
         for c in plan.chunks:
