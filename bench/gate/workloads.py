@@ -6,6 +6,10 @@ intended length whatever its tokenizer front end does with text (both servers ta
 after BOS when the model asks for one. The shared-prefix variant puts one seeded "system
 prompt" of `shared_len` ids in front of every request: the prefix-cache win in isolation.
 Generation: the same (seed, workload, stream) always gives the same prompts.
+
+The bimodal mix is chat with about `doc_share` of its requests a `doc_in`-token document
+instead (same output length): the goodput issue's mixed load, where one long prompt must not
+make the short ones behind it late. Which requests are documents is seeded too.
 """
 
 from __future__ import annotations
@@ -21,7 +25,9 @@ MIXES: dict[str, tuple[str, str]] = {
     "rag": ("long", "short"),  # long-in / short-out (summarise, retrieval)
     "gen": ("short", "long"),  # short-in / long-out (generation)
     "long": ("long", "long"),  # long-in / long-out
+    "bimodal": ("short", "short"),  # chat, with a share of documents (Lengths.doc_in, doc_share)
 }
+WITH_DOCS = {"bimodal"}
 SHARED_SUFFIX = "-shared"
 
 
@@ -34,6 +40,8 @@ class Lengths:
     short_out: int = 64
     long_out: int = 512
     shared_fraction: float = 0.75
+    doc_in: int = 2048
+    doc_share: float = 0.1
 
 
 @attrs.frozen
@@ -42,10 +50,16 @@ class Workload:
     input_len: int
     output_len: int
     shared_len: int  # 0: every prompt unique from its first token
+    doc_len: int = 0  # > 0: about `doc_share` of the prompts are this long instead (the bimodal mix)
+    doc_share: float = 0.0
 
     @property
     def shared(self) -> bool:
         return self.shared_len > 0
+
+    @property
+    def max_input_len(self) -> int:
+        return max(self.input_len, self.doc_len)
 
 
 def workload_names() -> list[str]:
@@ -53,7 +67,7 @@ def workload_names() -> list[str]:
 
 
 def make_workload(name: str, lengths: Lengths = Lengths()) -> Workload:
-    """'chat', 'rag', 'gen', 'long', each optionally with '-shared'."""
+    """'chat', 'rag', 'gen', 'long', 'bimodal', each optionally with '-shared'."""
     shared = name.endswith(SHARED_SUFFIX)
     mix = name[: -len(SHARED_SUFFIX)] if shared else name
     if mix not in MIXES:
@@ -62,7 +76,8 @@ def make_workload(name: str, lengths: Lengths = Lengths()) -> Workload:
     n_in = lengths.short_in if i == "short" else lengths.long_in
     n_out = lengths.short_out if o == "short" else lengths.long_out
     shared_len = int(n_in * lengths.shared_fraction) if shared else 0
-    return Workload(name, n_in, n_out, max(0, min(shared_len, n_in - 2)))  # >= 1 unique id after BOS
+    docs = (lengths.doc_in, lengths.doc_share) if mix in WITH_DOCS else (0, 0.0)
+    return Workload(name, n_in, n_out, max(0, min(shared_len, n_in - 2)), *docs)  # >= 1 unique id after BOS
 
 
 @attrs.frozen
@@ -78,12 +93,13 @@ def _rng(seed: int, *salt: str) -> np.random.Generator:
 
 
 def make_prompts(w: Workload, vocab: Vocab, count: int, seed: int, stream: str = "measured") -> list[list[int]]:
-    """`count` prompts of exactly `w.input_len` ids (BOS included). The system prompt depends on
-    the seed and workload only, so warm-up (another `stream`) shares it and measured prompts do not
-    repeat warm-up ones."""
+    """`count` prompts of exactly `w.input_len` ids (BOS included), or `w.doc_len` for the documents
+    of a bimodal mix. The system prompt depends on the seed and workload only, so warm-up (another
+    `stream`) shares it and measured prompts do not repeat warm-up ones."""
     ids = np.asarray(vocab.normal_ids, dtype=np.int64)
     head = [vocab.bos] if vocab.bos is not None else []
-    n_body = w.input_len - len(head)
     system = _rng(seed, w.name, "system").choice(ids, size=w.shared_len).tolist()
     rng = _rng(seed, w.name, stream)
-    return [head + system + rng.choice(ids, size=n_body - w.shared_len).tolist() for _ in range(count)]
+    docs = _rng(seed, w.name, stream, "docs").random(count) < w.doc_share
+    lens = [w.doc_len if doc else w.input_len for doc in docs]
+    return [head + system + rng.choice(ids, size=n - len(head) - w.shared_len).tolist() for n in lens]

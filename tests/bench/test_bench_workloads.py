@@ -18,7 +18,7 @@ def test_mixes_and_lengths():
     assert make_workload("chat", lengths).shared_len == 0
     assert make_workload("rag-shared", lengths).shared_len == 64
     assert set(workload_names()) == {"chat", "chat-shared", "rag", "rag-shared", "gen", "gen-shared", "long",
-                                     "long-shared"}
+                                     "long-shared", "bimodal", "bimodal-shared"}
     with pytest.raises(ValueError):
         make_workload("nope")
 
@@ -48,3 +48,17 @@ def test_same_seed_same_prompts_other_seed_other_prompts():
     assert make_prompts(w, VOCAB, 3, seed=7) != make_prompts(w, VOCAB, 3, seed=8)
     assert make_prompts(w, VOCAB, 3, seed=7) != make_prompts(make_workload("long", Lengths(long_in=64)), VOCAB, 3, 7)
 
+
+
+def test_bimodal_is_chat_with_a_seeded_share_of_documents():
+    lengths = Lengths(short_in=32, short_out=8, doc_in=256, doc_share=0.1)
+    w = make_workload("bimodal", lengths)
+    assert (w.input_len, w.output_len, w.doc_len, w.max_input_len) == (32, 8, 256, 256)
+    prompts = make_prompts(w, VOCAB, 400, seed=1)
+    sizes = [len(p) for p in prompts]
+    assert set(sizes) == {32, 256} and 20 <= sizes.count(256) <= 60  # about 10% documents
+    assert all(p[0] == 1 and set(p[1:]) <= set(VOCAB.normal_ids) for p in prompts)
+    assert make_prompts(w, VOCAB, 400, seed=1) == prompts
+    assert [len(p) for p in make_prompts(w, VOCAB, 400, seed=2)] != sizes  # which ones are documents is seeded
+    assert make_workload("chat", lengths).doc_len == 0
+    assert {len(p) for p in make_prompts(make_workload("bimodal-shared", lengths), VOCAB, 50, seed=1)} == {32, 256}
