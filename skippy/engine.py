@@ -201,6 +201,7 @@ class GenerationStream:
         self._submitted: trio.MemoryReceiveChannel | None = submitted
         self._done = False
         self._tap: Tap | None = None
+        self._first: TokenEvent | None = None  # read ahead by first_event(), not yet given to the reader
 
     def __aiter__(self) -> "GenerationStream":
         return self
@@ -227,7 +228,21 @@ class GenerationStream:
                 self._engine._forget(self.request)
                 raise answer
 
+    async def first_event(self) -> TokenEvent | None:
+        """Wait for the first event and keep it for the reader (who still gets it first); None if the stream
+        ended without one. A server answers a refusal that comes only once the request is queued (shed as
+        late: `shed_late`) as an HTTP status from here, before it commits to a streamed response."""
+        if self._first is None and not self._done:
+            try:
+                self._first = await self.__anext__()
+            except StopAsyncIteration:
+                return None
+        return self._first
+
     async def __anext__(self) -> TokenEvent:
+        if self._first is not None:  # read ahead by first_event(): its end, if it was one, is accounted
+            event, self._first = self._first, None
+            return event
         try:
             await self._await_submission()
             if self._done:

@@ -166,6 +166,8 @@ async def _generate(request: HttpRequest, kind: str) -> Response:
     if not call.stream:
         return await _collect(request, state, streams, shape, t_arrival, headers, call, views)
     headers["Cache-Control"] = "no-cache"
+    if state.engine.config.shed_late and not await _first_events(request, state, streams):
+        return Response(status_code=499)  # the client left while its request waited: nothing to answer
     if S.streams_tools(call) and len(streams) == 1:  # tool calls parsed as the text comes (S.tool_sse)
         return EventStream(S.tool_sse(state, streams, shape, call, t_arrival), headers=headers)
     if S.streams_tools(call):
@@ -178,6 +180,40 @@ async def _generate(request: HttpRequest, kind: str) -> Response:
     tx, rx = trio.open_memory_channel(0)
     return EventStream(_sse(state, streams, shape, call, t_arrival, rx.receive, views), headers=headers,
                        feeder=partial(_pump, streams, tx))
+
+
+async def _first_events(request: HttpRequest, state: ServerState, streams: Sequence[Any]) -> bool:
+    """With `shed_late`, a streamed request may still be refused once queued (late: it could not make its
+    first token in time). Wait for each choice's first event before the response starts, so that refusal
+    is a 429 + Retry-After like any other, not an error event after a 200. False: the client hung up
+    (the requests are cancelled)."""
+    left = False
+
+    async def watch_disconnect(scope: trio.CancelScope) -> None:
+        nonlocal left
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        left = True
+        scope.cancel()
+
+    refused = None
+    try:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(watch_disconnect, nursery.cancel_scope)
+            for stream in streams:
+                first = await stream.first_event()
+                if first is not None and first.final and first.finish_reason == "error":
+                    refused = first
+                    break
+            nursery.cancel_scope.cancel()
+    finally:
+        if left or refused is not None:
+            for stream in streams:
+                stream.cancel()
+                state.untrack(stream)
+    if refused is not None:
+        raise P.generation_failed(refused.error)
+    return not left
 
 
 def _views(state: ServerState, call: P.GenerateCall, streams: Sequence[Any]) -> list[ChoiceView]:

@@ -1,6 +1,6 @@
 """Latency targets through the server: the targets in /metrics, met requests counted there, and a request
-shed as late (`shed_late`) answered 429 + Retry-After with OpenAI's error body (an SSE error event once a
-stream has started), never a 500 and never a hang."""
+shed as late (`shed_late`) answered 429 + Retry-After with OpenAI's error body, streamed or not (a
+streamed response starts only once the first event is in), never a 500 and never a hang."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from ._live import live_server, metric
 pytestmark = pytest.mark.server
 
 OK = {"model": "test-model", "prompt": "hello there", "max_tokens": 4}
+CHAT = {"model": "test-model", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}
 
 
 async def test_targets_and_outcomes_are_in_metrics(synth_model_path):
@@ -54,11 +55,34 @@ async def test_a_request_that_cannot_meet_its_ttft_is_shed_with_429(synth_model_
                 assert int(r.headers["retry-after"]) >= 1
                 err = r.json()["error"]
                 assert err["type"] == "rate_limit_error" and err["code"] == "late_shed"
-                async with http.stream("POST", "/v1/completions", json={**OK, "stream": True}) as s:
-                    lines = [line async for line in s.aiter_lines() if line.startswith("data: ")]
-                events = [json.loads(line[6:]) for line in lines if line != "data: [DONE]"]
-                assert events and events[-1]["error"]["code"] == "late_shed"
+                for path, body in (("/v1/completions", OK), ("/v1/chat/completions", CHAT)):
+                    async with http.stream("POST", path, json={**body, "stream": True}) as s:
+                        assert s.status_code == 429  # before the stream starts: a status, not an error event
+                        assert int(s.headers["retry-after"]) >= 1
+                        err = json.loads(await s.aread())["error"]
+                    assert err["code"] == "late_shed"
                 text = (await http.get("/metrics")).text
-                assert metric(text, "skippy_slo_requests_total", 'outcome="shed"') == 2
+                assert metric(text, "skippy_slo_requests_total", 'outcome="shed"') == 3
                 assert (await http.get("/health")).status_code == 200
             assert engine.stats().finished["error"] == 0  # shed requests are refusals, not failures
+
+
+async def test_with_shed_late_a_stream_that_makes_its_targets_streams_as_before(synth_model_path):
+    """The first event read ahead (to answer a refusal as a status) is the first the client gets: every
+    token once, in order, for one choice and for two."""
+    with trio.fail_after(60):
+        async with live_server(synth_model_path("llama"), ttft_slo_ms=60_000, tpot_slo_ms=10_000,
+                               shed_late=True) as (url, _, engine):
+            async with httpx.AsyncClient(base_url=url, timeout=30) as http:
+                greedy = {**OK, "temperature": 0}
+                whole = (await http.post("/v1/completions", json={**greedy, "n": 2})).json()
+                for n in (1, 2):
+                    async with http.stream("POST", "/v1/completions", json={**greedy, "stream": True, "n": n}) as s:
+                        assert s.status_code == 200
+                        lines = [line async for line in s.aiter_lines() if line.startswith("data: ")]
+                    assert lines[-1] == "data: [DONE]"
+                    chunks = [json.loads(line[6:])["choices"] for line in lines[:-1]]
+                    texts = ["".join(c["text"] for cs in chunks for c in cs if c["index"] == i) for i in range(n)]
+                    assert texts == [c["text"] for c in whole["choices"][:n]]  # greedy: the same text
+                await engine.settled()
+            assert engine.stats().running == 0
