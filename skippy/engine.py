@@ -27,7 +27,7 @@ from .actors.messages import Wake
 from .actors.preemption import PreemptionActor
 from .actors.runtime_owner import RuntimeOwner
 from .actors.worker import Worker
-from .errors import EngineClosedError, InvalidInputError, StreamStateError
+from .errors import EngineBusyError, EngineClosedError, InvalidInputError, StreamStateError
 from .runtime import ContextRuntime, Runtime
 from .sampling import SamplingParams
 from .scheduling.admission import Admission, fcfs_priority
@@ -363,7 +363,7 @@ def policy_stats(p: Policies, ceiling: int) -> EngineStats:
         prefix_entries=len(prefix.entries) if prefix else 0,
         prefix_resident_tokens=prefix.resident_tokens if prefix else 0,
         slo_ttft_s=_ttft_shown(s.slo), slo_tpot_s=targets.tpot_s if targets else None,
-        slo_shed=p.admission.shed)
+        slo_shed=p.admission.shed, running_tokens=sum(r.cached for r in s.running))
 
 
 class Engine:
@@ -552,6 +552,33 @@ class Engine:
         at most scheduling.run_ahead.RUN_STEPS steps later."""
         return policy_stats(self._policies, self.lanes.ceiling)
 
+    async def flush_prefix_cache(self) -> int:
+        """Drop every resident prefix and free its cells; returns how many entries were dropped. What
+        SGLang's /flush_cache does to its radix cache (a router flushes every worker, e.g. after new
+        weights, or before measuring cold prefills). Refused while requests run or wait, as SGLang's
+        is: raises EngineBusyError (a running request may be about to copy from an entry)."""
+        if self._closed:
+            raise EngineClosedError("the engine is closed")
+        if self._live:
+            raise EngineBusyError(f"{len(self._live)} request(s) running or waiting: the prefix cache is flushed "
+                                  "only when none are")
+        answer: list[int | None] = []
+        done = trio.Event()
+
+        def flushed(n: int | None) -> None:
+            answer.append(n)
+            done.set()
+
+        self._policies.scheduler.request_flush(flushed)  # carried out by the next step, on the composer's task
+        self._composer.unpark()
+        poke(self._composer_tx, Wake())
+        await done.wait()
+        if answer[0] is None:
+            if self._closed:
+                raise EngineClosedError("the engine closed before the prefix cache was flushed")
+            raise EngineBusyError("a request started before the prefix cache could be flushed")
+        return answer[0]
+
     # -- internals --------------------------------------------------------------------
 
     def _cancel(self, request: Request) -> None:
@@ -564,11 +591,14 @@ class Engine:
         self._live.pop(request.id, None)
 
     def _abandon(self) -> None:
-        """After the actors are gone: every live request ends as cancelled; nobody hangs."""
+        """After the actors are gone: every live request ends as cancelled, every flush asked is answered;
+        nobody hangs."""
         for request, submit_tx in list(self._live.values()):
             submit_tx.close()
             deliver(request.sink, cancelled_event(request))
         self._live.clear()
+        for done in self._policies.scheduler.abandon_flushes():
+            done(None)
 
 
 @asynccontextmanager

@@ -131,6 +131,10 @@ class EngineClosedError(SkippyError):
     """The engine was used after it shut down."""
 
 
+class EngineBusyError(SkippyError):
+    """Asked for what needs an idle engine (flushing the prefix cache) while requests run or wait."""
+
+
 class StreamStateError(SkippyError, RuntimeError):
     """A GenerationStream asked for what its state does not allow (diverted twice, or after its end)."""
 

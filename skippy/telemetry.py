@@ -75,6 +75,7 @@ class EngineStats:
     slo_met: int = 0  # finished within both targets
     slo_missed: int = 0  # finished past one
     slo_shed: int = 0  # refused as late (shed_late)
+    running_tokens: int = 0  # tokens in the cells of running sequences (what a router's load is: /get_load)
 
     @property
     def step_overhead_pct(self) -> float:
@@ -128,7 +129,7 @@ class Totals:
 def make_stats(totals: Totals, *, ceiling: int, running: int, waiting: int, ledger: Ledger | None,
                submitted: int, admitted: int, rejected: int, preemptions: int, cancelled_waiting: int,
                prefix_entries: int = 0, prefix_resident_tokens: int = 0, slo_ttft_s: float | None = None,
-               slo_tpot_s: float | None = None, slo_shed: int = 0) -> EngineStats:
+               slo_tpot_s: float | None = None, slo_shed: int = 0, running_tokens: int = 0) -> EngineStats:
     """EngineStats from the step totals and the levels as they are now (vLLM's make_stats())."""
     components = ledger.components if ledger else ()
     finished = dict(totals.finished)
@@ -148,5 +149,5 @@ def make_stats(totals: Totals, *, ceiling: int, running: int, waiting: int, ledg
         kv_bytes_per_cell={c.kind: c.bytes / c.size for c in components if c.size},
         t_busy=totals.t_busy, t_busy_decode=totals.t_busy_decode,
         slo_ttft_s=slo_ttft_s, slo_tpot_s=slo_tpot_s, slo_met=totals.slo_met, slo_missed=totals.slo_missed,
-        slo_shed=slo_shed,
+        slo_shed=slo_shed, running_tokens=running_tokens,
     )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import Any, Generator, Mapping, Sequence
+from typing import Any, Callable, Generator, Mapping, Sequence
 
 from loguru import logger
 
@@ -70,6 +70,7 @@ class StepScheduler:
         self.run_ahead = run_ahead  # steady steps of inline-read streams go on off the event loop (see _run_for)
         self._run: RunAhead | None = None  # the in-flight ticket is a run's
         self.run_reports: list[StepReport] = []  # steps a run routed, not yet taken (take_reports)
+        self._flushes: list[Callable[[int | None], None]] = []  # waiting for the prefix cache's flush (request_flush)
 
     @property
     def running(self) -> list[Request]:
@@ -102,6 +103,8 @@ class StepScheduler:
             return (yield from self._chain(t0))
         yield from self._release_deferred()
         yield from self._sweep_cancelled()
+        if self._flushes:
+            yield from self._flush_prefixes()
         victims = yield from self._relieve(self._decode_shortfall())
         admitted: Sequence[Request] = ()
         queried = not victims and not self.preempted_last
@@ -417,6 +420,31 @@ class StepScheduler:
             self.prefix.drop(e)
         self.ledger = yield FreeCells(tuple(e.seq_id for e in entries))
         self.totals.prefix_evictions += len(entries)
+
+    def request_flush(self, done: Callable[[int | None], None]) -> None:
+        """Drop every resident prefix at the next step (SGLang's /flush_cache, e.g. before measuring cold
+        prefills): `done(n)` with the entries dropped, or `done(None)` if a sequence still runs then (refused,
+        as SGLang refuses while requests run: a running request may be about to copy from an entry)."""
+        self._flushes.append(done)
+
+    def abandon_flushes(self) -> list[Callable[[int | None], None]]:
+        """The flushes nobody will carry out (the engine is closing): the caller answers them."""
+        waiting, self._flushes = self._flushes, []
+        return waiting
+
+    def _flush_prefixes(self) -> Effects:
+        waiting, self._flushes = self._flushes, []
+        dropped: int | None = None
+        if not self.running and not self._deferred:
+            entries = list(self.prefix.entries.values()) if self.prefix is not None else []
+            for e in entries:
+                self.prefix.drop(e)
+            if entries:
+                self.ledger = yield FreeCells(tuple(e.seq_id for e in entries))
+            dropped = len(entries)
+            logger.debug("prefix cache flushed: {} entries dropped", dropped)
+        for done in waiting:
+            done(dropped)
 
     def _evict_for(self, missing: Mapping[ComponentKind, int], guess: bool = False) -> Effects:
         """Evict least recently used entries until `missing` cells are free; True if that did it.
