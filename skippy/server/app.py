@@ -28,6 +28,7 @@ from . import fields as F
 from . import protocol as P
 from . import structured as S
 from . import tokens as T
+from . import worker_api
 from ._inline_writes import InlineWriter, counted
 from .auth import BearerAuth
 from .event_stream import EventStream
@@ -547,6 +548,7 @@ def create_app(engine: Any, *, model_names: Sequence[str] | None = None,
             Route("/tokenizer_info", tokenizer_info, methods=["GET"]),
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            *worker_api.routes(),  # what a router asks of its workers (sglang-router's contract)
         ],
         middleware=[Middleware(BearerAuth, keys=keys)] if keys else [],
         exception_handlers={P.ApiError: _api_error, HTTPException: _http_error, Exception: _internal_error},
