@@ -331,6 +331,18 @@ def _pipeline_tls(args: argparse.Namespace):
     return next_tls, options + (["--tls-server-name", args.tls_server_name] if args.tls_server_name else [])
 
 
+def _cluster(args: argparse.Namespace) -> int:
+    """K `skippy serve` replicas behind sglang-router (skippy.cluster); the flags it does not know are
+    each replica's serve flags, checked here as `skippy serve` would before anything starts."""
+    from .cluster.command import run_command
+
+    serve_args = list(args.serve_args)
+    if serve_args[:1] == ["--"]:  # `skippy cluster ... -- SERVE FLAGS` works too
+        serve_args = serve_args[1:]
+    serve = _parser().parse_args(["serve", *serve_args])
+    return run_command(args, serve_args, serve)
+
+
 def _layer_range(text: str) -> tuple[int, int]:
     a, sep, b = text.partition(":")
     if not sep or not a.isdigit() or not b.isdigit() or int(a) >= int(b):
@@ -633,6 +645,10 @@ def _parser() -> argparse.ArgumentParser:
     _add_server_options(pipe)
     _add_pipeline_options(pipe)
     pipe.set_defaults(func=_pipeline)
+
+    from .cluster.command import add_parser as add_cluster_parser  # argparse only: light to import
+
+    add_cluster_parser(sub).set_defaults(func=_cluster, serve_args=[])
     return parser
 
 
@@ -652,7 +668,12 @@ def _one_line(exc: BaseException) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # only `skippy cluster` passes flags on (to its replicas' `skippy serve`)
+        if args.command != "cluster":
+            parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+        args.serve_args = unknown
     logger.enable("skippy")
     logger.remove()
     logger.add(sys.stderr, level="INFO" if args.verbose else "WARNING")
