@@ -21,9 +21,14 @@ POLICIES = ("cache_aware", "round_robin", "power_of_two", "random")
 # serve flags the cluster sets itself for every replica (`skippy cluster` takes --host/--port for the router)
 OWN_FLAGS = ("--host", "--port", "--threads")
 # the router's health checks: a dead or draining replica leaves the rotation after one failed check,
-# at most HEALTH_INTERVAL_S after it went (requests sent to it meanwhile are retried on another)
-HEALTH_INTERVAL_S = 2
+# at most HEALTH_INTERVAL_S after it went; the router retries a request that failed there (a refused
+# connection, a 5xx) for longer than that, so the retry finds it gone and goes to another replica
+HEALTH_INTERVAL_S = 1
 HEALTH_TIMEOUT_S = 5
+RETRIES = ("--retry-max-retries", "6", "--retry-initial-backoff-ms", "100", "--retry-max-backoff-ms", "1000",
+           "--retry-backoff-multiplier", "2")  # 100 + 200 + 400 + 800 + 1000 + 1000 ms
+# after failures its circuit opens; a replica started again is tried after this, not sglang's 60 s
+BREAKER = ("--cb-timeout-duration-secs", "5")
 
 
 class ClusterConfigError(SkippyError):
@@ -78,9 +83,11 @@ def url(host: str, port: int, tls: bool = False) -> str:
 
 
 def port_free(host: str, port: int) -> bool:
-    """Whether `port` can be bound on `host` now (a later bind may still lose a race)."""
+    """Whether `port` can be bound on `host` now (a later bind may still lose a race). SO_REUSEADDR as
+    the servers set it: a port whose last connections linger in TIME_WAIT is free to them."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -147,6 +154,7 @@ def router_argv(spec: ClusterSpec, worker_urls: Sequence[str], metrics_port: int
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
             "--health-check-interval-secs", str(HEALTH_INTERVAL_S), "--health-check-timeout-secs",
             str(HEALTH_TIMEOUT_S), "--health-failure-threshold", "1", "--health-success-threshold", "1",
+            *RETRIES, *BREAKER, "--worker-startup-check-interval", "1",
             "--shutdown-grace-period-secs", str(max(1, round(spec.shutdown_deadline))), "--log-level", "warn"]
     ca = spec.tls_ca or spec.tls_cert
     if ca is not None:

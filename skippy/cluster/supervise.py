@@ -30,6 +30,7 @@ from .plan import ClusterPlan
 
 POLL_S = 0.2  # between health polls while a child starts
 KILL_GRACE_S = 5.0  # past its own deadline, before a child's process group is killed
+REPEAT_S = 1.0  # a signal this soon after the first is not a second Ctrl-C
 
 
 class ClusterStartError(SkippyError):
@@ -198,15 +199,21 @@ class Supervisor:
 
 
 async def _signals(stop: trio.Event, force: trio.Event) -> None:
-    """SIGINT/SIGTERM: the first stops the cluster gracefully, a second kills what is left at once."""
+    """SIGINT/SIGTERM: the first stops the cluster gracefully, a second kills what is left at once. One
+    that comes within REPEAT_S of the first is the same event twice (`timeout` signals its child and
+    then its whole group), not a second Ctrl-C."""
+    first = None
     with trio.open_signal_receiver(signal.SIGINT, signal.SIGTERM) as received:
         async for _ in received:
-            if stop.is_set():
+            if first is None:
+                first = trio.current_time()
+                _say("stopping: the router, then the replicas (each finishes what it is serving; "
+                     "Ctrl-C again to kill)")
+                stop.set()
+            elif trio.current_time() - first > REPEAT_S:
                 _say("killing everything now")
                 force.set()
                 return
-            _say("stopping: the router, then the replicas (each finishes what it is serving; Ctrl-C again to kill)")
-            stop.set()
 
 
 async def _cancel_on(event: trio.Event, scope: trio.CancelScope) -> None:
