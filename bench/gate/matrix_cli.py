@@ -1,7 +1,8 @@
 """`python -m bench.gate matrix`: its options, defaults and entry point (the runner is matrix.py).
 
 Kept apart from cli.py so the sweep's command line stays as it was; the matrix reuses the
-sweep's options (cli._run_args) and builds one SweepOptions per class with cli.sweep_options.
+sweep's options (sweep_args.run_args) and builds one SweepOptions per class with
+sweep_args.sweep_options.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from typing import Any, Sequence
 import attrs
 import trio
 
-from .cli import FULL, QUICK, RESULTS_ROOT, _run_args, _until_signal, sweep_options
 from .matrix import (
     CLASS_NAMES,
     CLASSES,
@@ -27,6 +27,7 @@ from .matrix import (
 from .matrix_goodput import GOODPUT_FRACTIONS, as_swept
 from .report import RESULTS
 from .sweep import SweepOptions
+from .sweep_args import FULL, QUICK, RESULTS_ROOT, run_args, sweep_options, until_signal
 from .verdict import SloScale
 
 # the matrix: every class at N up to 64 on chat, gen (128 -> 256) and the shared-prefix chat; n_ctx
@@ -76,7 +77,7 @@ def matrix_parser(sub: Any) -> None:
                          help="only the goodput runs of --classes, scaled to the closed loop an earlier matrix in "
                          "the same directory measured (its engines, workloads and pool unless given here); "
                          "matrix.json keeps everything else")
-    _run_args(p, tuple(MATRIX_QUICK["engines"]))
+    run_args(p, tuple(MATRIX_QUICK["engines"]))
     p.set_defaults(func=run)
 
 
@@ -139,7 +140,7 @@ def _as_swept(sweep: SweepOptions, args: argparse.Namespace) -> SweepOptions:
 
 def run(args: argparse.Namespace) -> int:
     opts = matrix_options(args)
-    if not trio.run(_until_signal, lambda: run_matrix(opts)):
+    if not trio.run(until_signal, lambda: run_matrix(opts)):
         return 130
     print(opts.out / "summary.md")
     return 0
