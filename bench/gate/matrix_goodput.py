@@ -21,9 +21,9 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import attrs
 
 from .engines import ENGINES, OLD
-from .metrics import Slo
+from .metrics import Slo, run_summary
 from .records import RunResult
-from .report import RESULTS, load_results, run_summary
+from .report import RESULTS, load_results
 from .sweep import SweepOptions, run_sweep
 from .workloads import Workload
 

@@ -14,7 +14,7 @@ from typing import Iterable, Sequence
 
 import attrs
 
-from .records import RequestRecord
+from .records import RequestRecord, RunResult
 
 
 def percentile(values: Sequence[float], p: float) -> float | None:
@@ -128,6 +128,11 @@ def summarize(records: Iterable[RequestRecord], duration: float, slo: Slo = Slo(
         e2e_p99_ms=_ms(percentile(e2es, 99)),
         cached_token_ratio=cached,
     )
+
+
+def run_summary(run: RunResult, slo: Slo) -> Summary:
+    """One run's figures over its measured requests: what the report, the plots and the verdicts read."""
+    return summarize(run.measured(), run.duration, slo)
 
 
 def counter_delta_ratio(hits_before: float | None, hits_after: float | None,

@@ -14,9 +14,8 @@ import matplotlib
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
-from .metrics import Slo, Summary  # noqa: E402
+from .metrics import Slo, Summary, run_summary  # noqa: E402
 from .records import RunResult  # noqa: E402
-from .report import run_summary  # noqa: E402
 
 PANELS: tuple[tuple[str, str], ...] = (
     ("out_tok_per_s", "output tok/s"),

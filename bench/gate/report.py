@@ -15,15 +15,12 @@ from typing import Any, Iterable, Sequence
 import attrs
 
 from .engines import ABOUT
-from .metrics import Slo, Summary, summarize
+from .metrics import Slo, Summary, run_summary
+from .plots import write_plots
 from .records import RunResult
 
 RESULTS = "results.json"
 SUMMARY = "summary.md"
-
-
-def run_summary(run: RunResult, slo: Slo) -> Summary:
-    return summarize(run.measured(), run.duration, slo)
 
 
 def _clean(x: Any) -> Any:
@@ -75,8 +72,6 @@ def slo_of(meta: dict[str, Any]) -> Slo:
 
 def write_report(out: Path, meta: dict[str, Any], runs: Sequence[RunResult], batched: list[dict[str, Any]],
                  slo: Slo) -> None:
-    from .plots import write_plots
-
     (out / SUMMARY).write_text(markdown(meta, runs, batched, slo))
     shapes = {w["name"]: (w["input_len"], w["output_len"]) for w in meta.get("workloads", [])}
     write_plots(out, runs, batched, slo, shapes)

@@ -24,9 +24,8 @@ import attrs
 
 from .engines import FAST, NEW
 from .gate import PAIRS, Check, Key, Thresholds, gate, min_ratio_check
-from .metrics import Slo, Summary
+from .metrics import Slo, Summary, run_summary
 from .records import RunResult
-from .report import run_summary
 
 REJECTED = "HTTP 429"  # the waiting queue was full: a clean answer under overload, not a failure
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench.gate.metrics import Slo
+from bench.gate.metrics import Slo, run_summary
 from bench.gate.records import Load, RequestRecord, RunResult
-from bench.gate.report import run_summary
 from bench.gate.rounds import merge_rounds, round_order
 
 
