@@ -22,8 +22,8 @@ import trio
 from .engines import OLD, PEER, QUICK_ENGINES, STOCK
 from .gate import DEFAULTS, Thresholds, gate, render
 from .goodput_checks import goodput_checks
-from .matrix import is_matrix, load_matrix
 from .matrix_cli import matrix_parser
+from .matrix_dir import is_matrix, load_matrix
 from .matrix_report import check_text, verdicts, write_matrix_report
 from .metrics import Slo
 from .report import load_results, slo_of, summaries, write_report

@@ -12,8 +12,9 @@ Layout: <out>/matrix.json (configuration, per-class wall time and command; a lat
 same directory keeps the classes it does not rerun), <out>/summary.md (verdict rows),
 <out>/<class>/ (the sweep's results.json, summary.md, plots, logs, gate.txt) and
 <out>/<class>/overload/ (the overload run, a sweep of its own) and <out>/<class>/goodput/ (open-loop
-Poisson at fractions of the class's capacity, matrix_goodput.py). `--goodput-only` adds the
-goodput run to classes an earlier matrix measured, keeping everything else of matrix.json.
+Poisson at fractions of the class's capacity, matrix_goodput.py); matrix_dir.py reads it back.
+`--goodput-only` adds the goodput run to classes an earlier matrix measured, keeping everything
+else of matrix.json.
 """
 
 from __future__ import annotations
@@ -29,17 +30,15 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
-from .engines import FAST, NEW, OLD, PEER, STOCK
-from .matrix_goodput import chat_workload, load_goodput, run_goodput
+from .engines import FAST, NEW, PEER, STOCK
+from .matrix_dir import MATRIX_JSON, OVERLOAD_DIR
+from .matrix_goodput import chat_workload, run_goodput
+from .matrix_report import write_matrix_report
 from .model import ModelSpec
-from .records import RunResult
-from .report import load_results
 from .sweep import SweepOptions, _git_commit, run_sweep
 from .verdict import SloScale
 from .workloads import Workload
 
-MATRIX_JSON = "matrix.json"
-OVERLOAD_DIR = "overload"
 OVERLOAD_ENGINES = (NEW, FAST, PEER, STOCK)  # single-lane is the ceiling of one by definition
 
 
@@ -196,8 +195,6 @@ async def _class_runs(opts: MatrixOptions, c: GateClass, entry: dict[str, Any], 
 async def run_matrix(opts: MatrixOptions) -> dict[str, Any]:
     """Every class in turn: its sweep, its overload run, its goodput run, then matrix.json and
     summary.md again (an interrupted matrix keeps the classes it finished)."""
-    from .matrix_report import write_matrix_report
-
     opts.out.mkdir(parents=True, exist_ok=True)
     names = [c.name for c in opts.classes]
     data: dict[str, Any] = (earlier_matrix(opts.out, names) if opts.goodput_only
@@ -211,37 +208,3 @@ async def run_matrix(opts: MatrixOptions) -> dict[str, Any]:
     _write_json(opts.out, data)
     write_matrix_report(opts.out)
     return data
-
-
-def is_matrix(path: Path) -> bool:
-    return (path / MATRIX_JSON).exists()
-
-
-@attrs.frozen
-class ClassData:
-    """What one class of a matrix directory holds (runs empty when it never finished)."""
-
-    entry: dict[str, Any] = attrs.field(hash=False)
-    meta: dict[str, Any] | None = attrs.field(hash=False)
-    runs: tuple[RunResult, ...]
-    overload: tuple[RunResult, ...]
-    goodput: tuple[RunResult, ...] = ()  # open-loop Poisson (matrix_goodput.py)
-
-
-def load_matrix(path: Path) -> tuple[dict[str, Any], list[ClassData]]:
-    """matrix.json and, per class, its sweep's, overload and goodput runs' records (whatever exists)."""
-    data = json.loads((path / MATRIX_JSON).read_text())
-    out = []
-    for entry in data["meta"]["classes"]:
-        base = path / entry["dir"]
-        meta, runs = (load_results(base)[:2]) if (base / "results.json").exists() else (None, [])
-        over = load_results(base / OVERLOAD_DIR)[1] if (base / OVERLOAD_DIR / "results.json").exists() else []
-        good = load_goodput(base) if entry.get("goodput") else ()  # a stale goodput/ of a rerun class: not read
-        out.append(ClassData(entry, meta, tuple(runs), tuple(over), good))
-    return data, out
-
-
-def engines_present(classes: Sequence[ClassData]) -> list[str]:
-    order = (NEW, FAST, OLD, PEER, STOCK)
-    present = {r.engine for c in classes for r in c.runs}
-    return [e for e in order if e in present]

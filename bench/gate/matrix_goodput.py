@@ -16,22 +16,19 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import attrs
 
 from .engines import ENGINES, OLD
+from .matrix_dir import GOODPUT_DIR, ClassData
 from .metrics import Slo, run_summary
 from .records import RunResult
-from .report import RESULTS, load_results
+from .report import load_results
 from .sweep import SweepOptions, run_sweep
+from .verdict import ClassVerdict
 from .workloads import Workload
 
-if TYPE_CHECKING:
-    from .matrix import ClassData
-    from .verdict import ClassVerdict
-
-GOODPUT_DIR = "goodput"
 GOODPUT_FRACTIONS = {False: (0.5, 0.8, 1.0), True: (1.0,)}  # (full, quick)
 
 
@@ -83,11 +80,6 @@ def goodput_options(sweep: SweepOptions, rates: Sequence[float]) -> SweepOptions
     (llama-server at `-np open_slots`), no closed loop."""
     return attrs.evolve(sweep, out=sweep.out / GOODPUT_DIR, workloads=chat_workload(sweep.workloads),
                         concurrency=(), rates=tuple(rates), slots=None, batched_bench=False)
-
-
-def load_goodput(base: Path) -> tuple[RunResult, ...]:
-    """The goodput run's records of a class directory (none when it never ran)."""
-    return tuple(load_results(base / GOODPUT_DIR)[1]) if (base / GOODPUT_DIR / RESULTS).exists() else ()
 
 
 async def run_goodput(sweep: SweepOptions, entry: dict[str, Any], fractions: Sequence[float], at_n: int,

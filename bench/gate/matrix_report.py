@@ -13,8 +13,8 @@ import attrs
 
 from .engines import ABOUT, FAST, NEW, OLD, PEER, STOCK
 from .gate import DEFAULTS, Thresholds, render
-from .matrix import OVERLOAD_DIR, ClassData, engines_present, load_matrix
-from .matrix_goodput import GOODPUT_DIR, goodput_lines
+from .matrix_dir import GOODPUT_DIR, OVERLOAD_DIR, ClassData, engines_present, load_matrix
+from .matrix_goodput import goodput_lines
 from .metrics import Slo, run_summary
 from .verdict import ClassVerdict, SloScale, all_passed, class_verdict, ratio
 

@@ -12,16 +12,9 @@ import pytest
 
 from bench.gate.cli import _parser
 from bench.gate.gate import DEFAULTS
-from bench.gate.matrix import (
-    CLASS_NAMES,
-    MATRIX_JSON,
-    OverloadPlan,
-    auto_n_ctx,
-    load_matrix,
-    overload_options,
-    run_matrix,
-)
+from bench.gate.matrix import CLASS_NAMES, OverloadPlan, auto_n_ctx, overload_options, run_matrix
 from bench.gate.matrix_cli import matrix_options
+from bench.gate.matrix_dir import MATRIX_JSON, load_matrix
 from bench.gate.matrix_goodput import GoodputPlan, capacity, goodput_options, goodput_plan, goodput_rates
 from bench.gate.matrix_report import check_text, verdicts, write_matrix_report
 from bench.gate.metrics import Slo
