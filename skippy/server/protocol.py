@@ -29,6 +29,7 @@ from .api_errors import (  # noqa: F401  (re-exported: the app and tests use the
     generation_failed,
     unauthorized,
 )
+from .wire import sse_event, usage_json  # noqa: F401  (re-exported: the app and tests use them as protocol.*)
 
 # -- requests ----------------------------------------------------------------------------
 
@@ -218,15 +219,6 @@ def resolve_max_tokens(call: GenerateCall, n_prompt: int, n_ctx: int) -> int:
 # -- responses ---------------------------------------------------------------------------
 
 
-def usage_json(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict[str, Any]:
-    return {
-        "prompt_tokens": prompt_tokens,
-        "completion_tokens": completion_tokens,
-        "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
-    }
-
-
 def finish_reason(reason: str | None) -> str | None:
     """OpenAI knows stop and length; a cancelled or failed request never gets here as a success."""
     return reason if reason in ("stop", "length") else None
@@ -292,12 +284,6 @@ class ResponseShape:
     def usage_chunk(self, usage: dict[str, Any]) -> dict[str, Any]:
         obj = "chat.completion.chunk" if self.kind == "chat" else "text_completion"
         return {**self._head(obj), "choices": [], "usage": usage}
-
-
-def sse_event(obj: Any) -> bytes:
-    """One server-sent event whose data is `obj` as JSON (or a literal string such as [DONE])."""
-    data = obj if isinstance(obj, str) else json.dumps(obj)
-    return b"data: " + data.encode() + b"\r\n\r\n"
 
 
 def models_json(names: Sequence[str], created: int, n_ctx: int | None = None,

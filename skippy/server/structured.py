@@ -20,7 +20,8 @@ import attrs
 
 from ..constrain import GrammarError, GrammarSpec
 from . import tools as T
-from .api_errors import bad_request
+from .api_errors import bad_request, generation_failed, shutting_down
+from .wire import sse_event, usage_json
 
 FIELDS = {"response_format", "grammar", "json_schema"}
 CHAT_FIELDS = {"tools", "tool_choice", "parallel_tool_calls", "chat_template_kwargs"}
@@ -229,7 +230,6 @@ async def tool_sse(state: Any, streams: list[Any], shape: Any, call: Any, t_arri
 
     import trio
 
-    from . import protocol as P
     from .tool_stream import CallParser
 
     s: Structured = call.structured
@@ -245,7 +245,7 @@ async def tool_sse(state: Any, streams: list[Any], shape: Any, call: Any, t_arri
     finals: list[Any] = [None] * k
     timing = [[None, None, 0] for _ in range(k)]
     try:
-        yield P.sse_event(shape.chunk("", first=True, include_usage=call.include_usage))
+        yield sse_event(shape.chunk("", first=True, include_usage=call.include_usage))
         done = 0
         while done < k:
             try:
@@ -253,7 +253,7 @@ async def tool_sse(state: Any, streams: list[Any], shape: Any, call: Any, t_arri
             except trio.EndOfChannel:
                 i, events = 0, []
             if not events:  # ended without a final event: cancelled by shutdown
-                yield P.sse_event(P.shutting_down().body())
+                yield sse_event(shutting_down().body())
                 break
             now = time.perf_counter()
             t = timing[i]
@@ -264,8 +264,8 @@ async def tool_sse(state: Any, streams: list[Any], shape: Any, call: Any, t_arri
                     t[0] = t[0] or now
             final = events[-1] if events[-1].final else None
             if final is not None and final.finish_reason in ("cancelled", "error"):
-                err = P.shutting_down() if final.finish_reason == "cancelled" else P.generation_failed(final.error)
-                yield P.sse_event(err.body())
+                err = shutting_down() if final.finish_reason == "cancelled" else generation_failed(final.error)
+                yield sse_event(err.body())
                 break
             parser = parsers[i]
             parsed = parser.feed("".join(e.text for e in events))
@@ -278,18 +278,18 @@ async def tool_sse(state: Any, streams: list[Any], shape: Any, call: Any, t_arri
                 chunk = shape.chunk("", None, include_usage=call.include_usage, index=i)
                 reason = final.finish_reason
                 chunk["choices"][0]["finish_reason"] = "tool_calls" if parser.calls and reason == "stop" else reason
-                out.append(P.sse_event(chunk))
+                out.append(sse_event(chunk))
                 if done == k and call.include_usage:
                     n = getattr(call, "n", 1)
                     us = [f.usage for f in finals]
-                    out.append(P.sse_event(shape.usage_chunk(P.usage_json(
+                    out.append(sse_event(shape.usage_chunk(usage_json(
                         sum(u.prompt_tokens for u in us[::n]), sum(u.completion_tokens for u in us),
                         sum(u.cached_tokens for u in us[::n])))))
             if out:
                 yield b"".join(out)
                 if events[0].t_sampled:
                     state.metrics.delivery.observe(time.perf_counter() - events[0].t_sampled)
-        yield P.sse_event("[DONE]")
+        yield sse_event("[DONE]")
     finally:
         for stream in streams:
             stream.cancel()
