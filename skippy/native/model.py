@@ -5,15 +5,13 @@ from __future__ import annotations
 import os
 import weakref
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from ..errors import ClosedError, InvalidInputError, ModelLoadError
 from . import _lib
 from ._gguf_check import check_gguf
+from ._handles import Closable
 from .tokenizer import Tokenizer
-
-if TYPE_CHECKING:
-    from .context import Context
 
 
 class Model:
@@ -46,7 +44,7 @@ class Model:
             raise ModelLoadError(f"llama.cpp could not load {self.path} (arch {self.arch!r}){what}; see the log above")
         self._ptr: Any = ptr
         self.layers: tuple[int, int] = layers if layers is not None else (0, self._int("llama_model_n_layer"))
-        self._contexts: weakref.WeakSet[Context] = weakref.WeakSet()
+        self._contexts: weakref.WeakSet[Closable] = weakref.WeakSet()  # its Contexts
         self.tokenizer = Tokenizer(self, self._ffi, self._lib)
 
     # -- lifetime ------------------------------------------------------------

@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from .model import Model
+from ._handles import ModelHandle
 
 
 class Tokenizer:
     """Borrowed from a Model; valid while the model is open."""
 
-    def __init__(self, model: "Model", ffi: Any, lib: Any) -> None:
+    def __init__(self, model: ModelHandle, ffi: Any, lib: Any) -> None:
         self._model = model
         self._ffi = ffi
         self._lib = lib
