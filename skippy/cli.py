@@ -271,29 +271,67 @@ def _api_keys(args: argparse.Namespace) -> list[str]:
 
 
 def _serve_engine(args: argparse.Namespace, opener, host: str, port: int) -> int:
-    """Serve the OpenAI API over the engine `opener()` opens, until SIGINT/SIGTERM."""
+    """Serve the OpenAI API over the engine `opener()` opens, until SIGINT/SIGTERM. The port is bound
+    first: while the model loads every route answers 503 (server.loading), so a router or a readiness
+    probe sees a replica that is loading, not one that is gone."""
     import trio
 
-    from .server import HttpLimits, create_app, default_model_names, serve_app, wait_for_signal
+    from .server import HttpLimits, LoadingGate, create_app, default_model_names, serve_app, wait_for_signal
 
     tls = _api_tls(args)
+    keys = _api_keys(args)
 
     async def main() -> None:
-        async with opener() as engine:
-            names = ([args.served_model_name] if args.served_model_name else []) + default_model_names(
-                engine, [_alias(args), *args.alias])
-            app = create_app(engine, model_names=names, api_keys=_api_keys(args), inline_writes=args.inline_writes)
-            async with trio.open_nursery() as nursery:
-                binds = await nursery.start(lambda task_status: serve_app(
-                    app, host, port, shutdown_trigger=wait_for_signal, deadline=args.shutdown_deadline,
-                    limits=HttpLimits(max_body_bytes=args.max_body_bytes), task_status=task_status, **tls))
-                print(f"skippy: serving {names[0]} on {', '.join(binds)} (Ctrl-C to stop)", file=sys.stderr, flush=True)
-                if (targets := engine.latency_targets()) is not None:
-                    print(f"skippy: latency targets: {targets}", file=sys.stderr, flush=True)
+        gate = LoadingGate()
+        served = trio.Event()  # serve_app returned: a signal came (and what was in flight is drained)
+
+        async def serve(task_status=trio.TASK_STATUS_IGNORED) -> None:
+            try:
+                await serve_app(gate, host, port, shutdown_trigger=wait_for_signal, deadline=args.shutdown_deadline,
+                                limits=HttpLimits(max_body_bytes=args.max_body_bytes), task_status=task_status,
+                                **tls)
+            finally:
+                served.set()
+
+        async with trio.open_nursery() as nursery:
+            binds = await nursery.start(serve)
+            with trio.CancelScope() as loading:
+                nursery.start_soon(_cancel_on, served, loading)  # a signal while loading: stop loading
+                async with opener() as engine:
+                    names = ([args.served_model_name] if args.served_model_name else []) + default_model_names(
+                        engine, [_alias(args), *args.alias])
+                    gate.open(create_app(engine, model_names=names, api_keys=keys, inline_writes=args.inline_writes))
+                    print(f"skippy: serving {names[0]} on {', '.join(binds)} (Ctrl-C to stop)", file=sys.stderr,
+                          flush=True)
+                    if (targets := engine.latency_targets()) is not None:
+                        print(f"skippy: latency targets: {targets}", file=sys.stderr, flush=True)
+                    await served.wait()
+            nursery.cancel_scope.cancel()
         print("skippy: stopped", file=sys.stderr, flush=True)
 
-    trio.run(main)
+    try:
+        trio.run(main)
+    except BaseExceptionGroup as group:  # the server's nursery wraps what the opener raised: say it alone
+        leaf = _only_leaf(group)
+        if leaf is None:
+            raise
+        raise leaf from None
     return 0
+
+
+async def _cancel_on(event, scope) -> None:
+    await event.wait()
+    scope.cancel()
+
+
+def _only_leaf(group: BaseExceptionGroup) -> BaseException | None:
+    """The one exception inside nested single-member groups, or None if there are several."""
+    exc: BaseException = group
+    while isinstance(exc, BaseExceptionGroup):
+        if len(exc.exceptions) != 1:
+            return None
+        exc = exc.exceptions[0]
+    return exc
 
 
 def _api_tls(args: argparse.Namespace) -> dict:

@@ -605,7 +605,10 @@ class Engine:
 async def open_engine(model: Any = None, **config: Any) -> AsyncIterator[Engine]:
     """Open an engine over `model`: a GGUF path, a real model name, a Model, or None for the default."""
     cfg = EngineConfig(**config)
-    runtime, plan = _open_runtime(model, cfg)
+    # in a thread: loading (and hashing) a model file takes seconds, and a server that binds its port
+    # first answers /health (503, loading) meanwhile (server.loading). Not abandoned on cancel: the
+    # runtime comes back and is closed below.
+    runtime, plan = await trio.to_thread.run_sync(_open_runtime, model, cfg)
     try:
         invariance = await _verify_invariance(runtime, cfg)
     except BaseException:

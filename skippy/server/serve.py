@@ -114,8 +114,8 @@ async def serve_app(
 ) -> None:
     """Serve `app` until `shutdown_trigger` returns (default: never; cancel the scope to stop hard).
     `limits` bound what one client may make the server hold (default: HttpLimits()). With
-    `certfile` and `keyfile` (PEM) it serves HTTPS; the bound addresses then start 'https://'."""
-    state: ServerState = app.state.server
+    `certfile` and `keyfile` (PEM) it serves HTTPS; the bound addresses then start 'https://'. `app` may
+    be a LoadingGate (server.loading): what is drained is the state of the app it holds at shutdown."""
     # close connections their clients closed at once, not after keep_alive_timeout in CLOSE-WAIT;
     # version-guarded and idempotent (see _hypercorn_trio: goes once pgjones/hypercorn PR #87 ships)
     _hypercorn_trio.install()
@@ -129,8 +129,10 @@ async def serve_app(
         if shutdown_trigger is None:
             await trio.sleep_forever()
         await shutdown_trigger()
-        logger.info("shutting down: draining {} in-flight request(s)", len(state.in_flight))
-        await drain(state, deadline)
+        state: ServerState | None = app.state.server  # None: a LoadingGate still loading, nothing to drain
+        if state is not None:
+            logger.info("shutting down: draining {} in-flight request(s)", len(state.in_flight))
+            await drain(state, deadline)
         stop.set()
 
 
