@@ -78,7 +78,7 @@ def class_model(c: GateClass, quick: bool) -> ModelSpec:
 def auto_n_ctx(concurrency: Sequence[int], workloads: Sequence[Workload], floor: int) -> int:
     """A pool that holds every session of the largest N at full length (rounded up to 256 cells):
     the matrix measures scheduling and kernels, not KV pressure (the stress runs do that)."""
-    need = max(concurrency, default=1) * max((w.input_len + w.output_len for w in workloads), default=0)
+    need = max(concurrency, default=1) * max((w.max_input_len + w.output_len for w in workloads), default=0)
     return max(floor, -(-need // 256) * 256)
 
 

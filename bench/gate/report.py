@@ -114,7 +114,9 @@ def _workload_line(meta: dict[str, Any], name: str) -> str:
     for w in meta.get("workloads", []):
         if w["name"] == name:
             shared = f", shared system prompt {w['shared_len']}" if w["shared_len"] else ", unique prompts"
-            return f"{w['input_len']} prompt tokens, {w['output_len']} output tokens{shared}"
+            docs = (f" ({w['doc_share']:.0%} of them {w['doc_len']}-token documents)"
+                    if w.get("doc_len") else "")
+            return f"{w['input_len']} prompt tokens{docs}, {w['output_len']} output tokens{shared}"
     return ""
 
 
