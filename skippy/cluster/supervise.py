@@ -45,6 +45,7 @@ class Child:
     key: str  # its URL, or "router"
     argv: tuple[str, ...]
     log: Path
+    env: dict[str, str] | None = None  # None: the supervisor's
     proc: trio.Process | None = None
     restarts: int = 0
 
@@ -55,6 +56,19 @@ def _tail(path: Path, lines: int = 12) -> str:
     except OSError:
         return ""
     return " | ".join(line.strip() for line in text if line.strip())
+
+
+def trust_bundle(ca: Path, log_dir: Path) -> Path:
+    """The system's CA bundle plus `ca`, for the router's $SSL_CERT_FILE. sglang-router 0.3.2 gives
+    --ca-cert-paths to the client it routes with, but its periodic health checks and its /server_info
+    fetch (core/worker.rs, discover_metadata.rs) use clients of their own that trust only the system
+    store: without this they fail on replicas whose certificate a private CA signed (workers flap
+    unhealthy, the model is 'unknown'). The system's roots stay, for public https --worker-urls."""
+    system = ssl.get_default_verify_paths().cafile
+    parts = [Path(system).read_bytes()] if system and Path(system).is_file() else []
+    bundle = log_dir / "router-trust.pem"
+    bundle.write_bytes(b"\n".join([*parts, ca.read_bytes()]))
+    return bundle
 
 
 def _say(text: str) -> None:
@@ -73,10 +87,11 @@ class Supervisor:
             self.env["SKIPPY_API_KEY"] = api_key  # read by `skippy serve` and by _router_main
         self.replicas = [Child(f"replica {r.index}", r.url, r.argv, log_dir / f"replica-{r.index}.log")
                          for r in plan.replicas]
-        self.router = Child("router", "router", plan.router_argv, log_dir / "router.log")
+        ca = plan.spec.tls_ca or plan.spec.tls_cert
+        router_env = {**self.env, "SSL_CERT_FILE": str(trust_bundle(Path(ca), log_dir))} if ca else None
+        self.router = Child("router", "router", plan.router_argv, log_dir / "router.log", router_env)
         self.stopping = False
         self.force = trio.Event()  # a second signal: kill now
-        ca = plan.spec.tls_ca or plan.spec.tls_cert
         self._verify: Any = ssl.create_default_context(cafile=ca) if ca else True
 
     @property
@@ -95,7 +110,7 @@ class Supervisor:
     async def spawn(self, child: Child) -> None:
         with open(child.log, "ab") as log:  # the child keeps its own descriptor
             child.proc = await trio.lowlevel.open_process(list(child.argv), stdin=subprocess.DEVNULL, stdout=log,
-                                                          stderr=subprocess.STDOUT, env=self.env,
+                                                          stderr=subprocess.STDOUT, env=child.env or self.env,
                                                           start_new_session=True)
 
     async def _until(self, child: Child | None, what: str, ready: Callable[[], Awaitable[bool]],
