@@ -13,7 +13,8 @@ from typing import Any, Sequence
 
 from .plan import POLICIES, ClusterConfigError, ClusterSpec
 
-INSTALL_HINT = "skippy cluster needs sglang-router: pip install 'skippy[cluster]' (in a checkout: ./bootstrap --cluster)"
+INSTALL_HINT = ("skippy cluster needs sglang-router: pip install 'skippy[cluster]' "
+                "(in a checkout: ./bootstrap --cluster)")
 
 
 def add_parser(sub: Any) -> argparse.ArgumentParser:

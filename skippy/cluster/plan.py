@@ -131,7 +131,8 @@ def check(spec: ClusterSpec) -> None:
             raise ClusterConfigError(f"--worker-urls takes http:// or https:// URLs, got {u!r}")
     if (spec.tls_cert is None) != (spec.tls_key is None):
         raise ClusterConfigError("a TLS certificate and its key go together (--tls-cert, --tls-key)")
-    if spec.tls_ca is not None and spec.tls_cert is None and not any(u.startswith("https://") for u in spec.worker_urls):
+    https_joined = any(u.startswith("https://") for u in spec.worker_urls)
+    if spec.tls_ca is not None and spec.tls_cert is None and not https_joined:
         raise ClusterConfigError("--tls-ca is the CA of replicas served over HTTPS: give --tls-cert/--tls-key "
                                  "or https:// --worker-urls")
 
