@@ -24,6 +24,7 @@ import httpx
 import pytest
 import trio
 
+from _procs import stop_process
 from ._live import metric
 
 pytest.importorskip("sglang_router", reason="the cluster tests run the real sglang-router: "
@@ -107,13 +108,7 @@ def cluster(synth_model_path, tmp_path_factory):
         ports = [int(r["url"].rsplit(":", 1)[1]) for r in info["replicas"]]
         yield Cluster(proc, info, log_dir)
     finally:
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(40)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        stop_process(proc, 40, group=True)
         proc.stdout.close()
         for pid in _serving_pids(ports):  # only if a test failed half-way: never leave one behind
             os.kill(pid, signal.SIGKILL)

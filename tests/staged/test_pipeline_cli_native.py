@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 import socket
 import subprocess
 import sys
@@ -11,6 +10,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from _procs import stop_process
 
 pytestmark = [pytest.mark.staged, pytest.mark.native]
 
@@ -45,12 +46,7 @@ def test_skippy_pipeline_three_stages_serves_the_openai_client(synth_model_path)
                                                 stream=True))
         assert "".join(c.choices[0].text for c in chunks) == done.choices[0].text
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
     assert proc.returncode == 0
     # the launcher stopped its stage processes with it
     assert _processes_running(f"skippy\0stage\0--model\0{path}") == []

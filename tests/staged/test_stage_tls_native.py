@@ -6,7 +6,6 @@ with --tls-cert/--tls-key/--tls-ca serves HTTPS over TLS links.
 
 from __future__ import annotations
 
-import signal
 import ssl
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from skippy.staged._pipeline import open_pipeline
 from skippy.staged._stage import StageRuntime, serve_stage
 from skippy.staged._tls import client_tls, server_context
 
+from _procs import stop_process
 from ._certs import make_tls_files
 from .test_pipeline_cli_native import _free_port, _processes_running
 from .test_pipeline_native import GREEDY, N_BATCH, N_CTX, SAMPLED, _concurrently, _generate, _prompts
@@ -120,10 +120,5 @@ def test_skippy_pipeline_serves_https_over_tls_links(synth_model_path, tmp_path)
         done = client.completions.create(model=model, prompt=[300, 301, 302], max_tokens=5, temperature=0)
         assert done.usage.completion_tokens == 5 and done.choices[0].finish_reason in ("length", "stop")
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
     assert proc.returncode == 0
