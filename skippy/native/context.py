@@ -75,9 +75,14 @@ def _default_threads() -> int:
     return max(1, min(os.cpu_count() or 1, 8))
 
 
+U32_MAX = 2**32 - 1  # llama_context_params' sizes are uint32_t
+
+
 def _positive(instance: Any, attribute: attrs.Attribute, value: int) -> None:
     if not isinstance(value, int) or value < 1:
         raise InvalidInputError(f"{attribute.name} must be a positive integer, got {value!r}")
+    if value > U32_MAX:  # cffi would raise a bare OverflowError at the assignment to llama's params
+        raise InvalidInputError(f"{attribute.name} {value} exceeds llama.cpp's limit of {U32_MAX}")
 
 
 @attrs.frozen

@@ -159,6 +159,7 @@ def test_batch_over_capacity_and_over_n_batch(small_ctx):
         ({"n_seq_max": 257}, "n_seq_max"),
         ({"n_seq_max": 0}, "positive"),
         ({"n_ctx": -5}, "positive"),
+        ({"n_ctx": 100_000_000_000}, "exceeds llama.cpp's limit"),  # not cffi's bare OverflowError
         ({"n_batch": 32, "n_ubatch": 64}, "n_ubatch"),
         ({"flash_attn": "maybe"}, "flash_attn"),
     ],
