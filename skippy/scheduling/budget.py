@@ -59,17 +59,18 @@ class TokenBudget:
         allowed = self.slo.cost.prefill_for(seconds, self.slo.decode_shape(decoding), start)
         return min(room, max(self.min_prefill, allowed))
 
-    def rows(self, decoding: Sequence[Request], prefilling: Sequence[Request], now: float) -> list[Request]:
+    def rows(self, decoding: list[Request], prefilling: Sequence[Request], now: float) -> list[Request]:
         """The decoding streams that get a token this step: every on-time one, and the late ones (oldest
-        first) that fit the time left after them and the on-time prompts' share of prefill."""
+        first) that fit the time left after them and the on-time prompts' share of prefill. With no late
+        stream (every step but past capacity) `decoding` itself, not a copy: this runs every step."""
         slo = self.slo
         if slo is None or not any(r.late for r in decoding) or not slo.cost.calibrated:
-            return list(decoding)
+            return decoding
         targets = slo.resolve()
         on = [r for r in decoding if not r.late]
         prompts = [r for r in prefilling if not r.late]
         if targets is None or not (on or prompts):
-            return list(decoding)
+            return decoding
         late = sorted((r for r in decoding if r.late), key=lambda r: r.t_arrival)
         seconds = slo.step_seconds(on, now, bool(prompts)) if on else math.inf
         want = min(sum(r.pending for r in prompts), max(0, self.n_batch - len(decoding)))
