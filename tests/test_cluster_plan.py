@@ -59,13 +59,21 @@ def test_router_argv_routes_to_every_replica_with_quick_health_checks():
     assert _flag(argv, "--health-failure-threshold") == "1" and int(_flag(argv, "--health-check-interval-secs")) <= 2
     assert _flag(argv, "--prometheus-port") == str(p.metrics_port)
     assert argv[-1] == "--cache-threshold=0.5"  # raw router flags last: they win
-    assert "--ca-cert-paths" not in argv
+    assert "--ca-cert-paths" not in argv and "--balance-abs-threshold" not in argv
     tls = router_argv(ClusterSpec(replicas=1, tls_cert="c.pem", tls_key="k.pem"), ["https://127.0.0.1:8081"], 29000)
     assert _flag(tls, "--ca-cert-paths") == "c.pem"  # a self-signed certificate is its own CA
     ca = router_argv(ClusterSpec(replicas=1, tls_cert="c.pem", tls_key="k.pem", tls_ca="ca.pem"), [], 29000)
     assert _flag(ca, "--ca-cert-paths") == "ca.pem"
     assert plan(ClusterSpec(replicas=1, tls_cert="c", tls_key="k"), is_free=_all_free).replicas[0].url.startswith(
         "https://")
+
+
+def test_cache_aware_balances_at_a_few_requests_apart_and_a_router_arg_still_wins():
+    argv = router_argv(ClusterSpec(replicas=2), ["http://a", "http://b"], 29000)
+    assert _flag(argv, "--policy") == "cache_aware" and _flag(argv, "--balance-abs-threshold") == "2"
+    assert _flag(argv, "--balance-rel-threshold") == "1.5"
+    mine = router_argv(ClusterSpec(replicas=2, router_args=("--balance-abs-threshold", "64")), ["http://a"], 29000)
+    assert mine[-2:] == ["--balance-abs-threshold", "64"]  # after ours: argparse takes the last
 
 
 @pytest.mark.parametrize("spec, match", [

@@ -41,15 +41,25 @@ def _error_text(response: httpx.Response, body: bytes) -> str:
     return f"HTTP {response.status_code}: {message}"
 
 
+def _chunk_text(choice: dict[str, Any]) -> str:
+    """A completion chunk's `text`, or a chat chunk's `delta.content`."""
+    if "delta" in choice:
+        return (choice.get("delta") or {}).get("content") or ""
+    return choice.get("text") or ""
+
+
 async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str, Any], *, index: int,
-                            warmup: bool, t0: float) -> RequestRecord:
-    """Send one streamed completion; `t0` is the perf_counter origin of the run."""
+                            warmup: bool, t0: float, path: str = "/v1/completions",
+                            texts: list[str] | None = None) -> RequestRecord:
+    """Send one streamed completion (or, with `path` /v1/chat/completions, a chat completion); `t0`
+    is the perf_counter origin of the run. `texts`, if given, collects each chunk's text (a
+    multi-turn client sends the answer back as the next turn's history)."""
     sent = time.perf_counter()
     rec = RequestRecord(index=index, warmup=warmup, t_send=sent - t0)
     last_text: float | None = None
     chunks = 0
     try:
-        async with aconnect_sse(client, "POST", f"{url}/v1/completions", json=body) as source:
+        async with aconnect_sse(client, "POST", f"{url}{path}", json=body) as source:
             response = source.response
             if response.status_code != 200:
                 rec.error = _error_text(response, await response.aread())
@@ -69,7 +79,10 @@ async def stream_completion(client: httpx.AsyncClient, url: str, body: dict[str,
                 choices = data.get("choices") or []
                 if choices:
                     rec.e2e = now - sent
-                    if choices[0].get("text"):
+                    text = _chunk_text(choices[0])
+                    if text:
+                        if texts is not None:
+                            texts.append(text)
                         chunks += 1
                         if last_text is None:
                             rec.ttft = now - sent

@@ -29,6 +29,12 @@ RETRIES = ("--retry-max-retries", "6", "--retry-initial-backoff-ms", "100", "--r
            "--retry-backoff-multiplier", "2")  # 100 + 200 + 400 + 800 + 1000 + 1000 ms
 # after failures its circuit opens; a replica started again is tried after this, not sglang's 60 s
 BREAKER = ("--cb-timeout-duration-secs", "5")
+# cache_aware follows the longest cached prefix until the replicas' in-flight counts part by more
+# than both bounds. sglang's defaults (64 apart and 1.5x) suit GPU servers with hundreds of lanes;
+# a CPU replica runs a few, and under them a shared system prompt sent every new session to the
+# replica that saw it first (bench/results/replicas: 158 of 176 requests on one of four, TTFT p99
+# 29x the single replica's). Two in flight apart (and 1.5x) is a replica with a lane's worth more.
+BALANCE = ("--balance-abs-threshold", "2", "--balance-rel-threshold", "1.5")
 
 
 class ClusterConfigError(SkippyError):
@@ -155,7 +161,7 @@ def router_argv(spec: ClusterSpec, worker_urls: Sequence[str], metrics_port: int
             "--prometheus-host", "127.0.0.1", "--prometheus-port", str(metrics_port),
             "--health-check-interval-secs", str(HEALTH_INTERVAL_S), "--health-check-timeout-secs",
             str(HEALTH_TIMEOUT_S), "--health-failure-threshold", "1", "--health-success-threshold", "1",
-            *RETRIES, *BREAKER, "--worker-startup-check-interval", "1",
+            *RETRIES, *BREAKER, *(BALANCE if spec.policy == "cache_aware" else ()), "--worker-startup-check-interval", "1",
             "--shutdown-grace-period-secs", str(max(1, round(spec.shutdown_deadline))), "--log-level", "warn"]
     ca = spec.tls_ca or spec.tls_cert
     if ca is not None:

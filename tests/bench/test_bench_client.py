@@ -83,3 +83,24 @@ async def test_transport_errors_are_recorded():
 
     rec, _ = await run(refuse)
     assert rec.error == "ConnectError: refused"
+
+
+async def test_a_chat_stream_is_timed_from_its_first_content_and_its_text_collected():
+    """The replica benchmark's multi-turn client: deltas, a role-only first chunk, the answer kept."""
+    def delta(content=None, role=None) -> dict:
+        d = {k: v for k, v in (("role", role), ("content", content)) if v is not None}
+        return {"object": "chat.completion.chunk", "choices": [{"index": 0, "delta": d, "finish_reason": None}]}
+
+    paths, texts = [], []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        paths.append(request.url.path)
+        return httpx.Response(200, headers=SSE, content=sse(delta(role="assistant"), delta("Hel"), delta("lo"),
+                                                              delta("!"), USAGE, "[DONE]"))
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        with trio.fail_after(10):
+            rec = await stream_completion(client, "http://test", {"messages": [], "max_tokens": 3}, index=0,
+                                          warmup=False, t0=0.0, path="/v1/chat/completions", texts=texts)
+    assert paths == ["/v1/chat/completions"] and rec.ok and "".join(texts) == "Hello!"
+    assert len(rec.itl) == 2 and rec.output_tokens == 3  # the role-only chunk is not the first token
