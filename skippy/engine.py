@@ -35,7 +35,7 @@ from .scheduling.lanes import LanePlan
 from .scheduling.logprobs import MAX_TOP
 from .scheduling.preemption import Preemption, VictimOrder
 from .scheduling.prefix import PrefixCache
-from .scheduling.requests import Request, TokenEvent, cancelled_event, validate
+from .scheduling.requests import Request, TokenEvent, cancelled_event, check_ends, validate
 from .scheduling.budget import TokenBudget
 from .scheduling.slo import SloPolicy, check_target, reference_ttft
 from .scheduling.step import StepScheduler
@@ -376,6 +376,7 @@ class Engine:
         self._ids = itertools.count()
         self._live: dict[int, tuple[Request, trio.MemorySendChannel]] = {}
         self._closed = False
+        self._eog_ids: np.ndarray | None = None  # the vocabulary's end-of-generation ids (min_tokens)
         self._runtime_tx, runtime_rx = trio.open_memory_channel(math.inf)
         self._composer_tx, composer_rx = trio.open_memory_channel(math.inf)
         self.worker = Worker()
@@ -405,6 +406,9 @@ class Engine:
         logprobs: int | None = None,
         prompt_logprobs: int | None = None,
         grammar: Any = None,
+        min_tokens: int = 0,
+        stop_token_ids: Sequence[int] = (),
+        include_stop_str_in_output: bool = False,
     ) -> GenerationStream:
         """Queue a generation now; iterate the result for its TokenEvents.
 
@@ -419,10 +423,15 @@ class Engine:
         `ignore_eos=True` keeps generating past end-of-generation tokens (benchmarks).
         `grammar` (a skippy.constrain.Grammar, from `constrain.compile_grammar(engine.runtime, spec)`)
         constrains the output: each choice gets its own matcher.
+        vLLM's three: `stop_token_ids` finish it when sampled (finish_reason "stop", even with
+        ignore_eos); before `min_tokens` tokens no end-of-generation or stop id can be sampled (their
+        logits are -inf, the others untouched) and no stop string is looked for;
+        `include_stop_str_in_output` keeps a stop string found in the text.
         """
         return self.generate_choices(prompt, sampling, n=1, max_tokens=max_tokens, stop=stop, priority=priority,
                                      ignore_eos=ignore_eos, logprobs=logprobs, prompt_logprobs=prompt_logprobs,
-                                     grammar=grammar)[0]
+                                     grammar=grammar, min_tokens=min_tokens, stop_token_ids=stop_token_ids,
+                                     include_stop_str_in_output=include_stop_str_in_output)[0]
 
     def generate_choices(
         self,
@@ -437,6 +446,9 @@ class Engine:
         logprobs: int | None = None,
         prompt_logprobs: int | None = None,
         grammar: Any = None,
+        min_tokens: int = 0,
+        stop_token_ids: Sequence[int] = (),
+        include_stop_str_in_output: bool = False,
     ) -> list[GenerationStream]:
         """`n` choices of one prompt (OpenAI's `n`), a stream each: the prompt is computed once and its
         cells shared by every choice (scheduling.forks). Choice i samples with seed + i when a seed is
@@ -462,6 +474,8 @@ class Engine:
         tokens = self.runtime.tokenize(prompt) if isinstance(prompt, str) else prompt
         tokens = validate(tokens, max_tokens, self.runtime.n_ctx, self.runtime.n_vocab,
                           scoring=prompt_logprobs is not None and n == 1)
+        ends = check_ends(min_tokens, stop_token_ids, int(max_tokens), self.runtime.n_vocab)
+        held = self._held_ids(ends, bool(ignore_eos)) if min_tokens else None
         streams: list[GenerationStream] = []
         parent: Request | None = None
         for i in range(n):
@@ -470,7 +484,10 @@ class Engine:
             request = Request(rid, tokens, int(max_tokens), params, priority, stops, arrival=rid,
                               ignore_eos=bool(ignore_eos), logprobs=logprobs,
                               prompt_logprobs=prompt_logprobs if i == 0 else None, fork_of=parent, choice=i,
-                              t_arrival=self._policies.scheduler.clock())
+                              t_arrival=self._policies.scheduler.clock(), stop_ids=ends, min_tokens=int(min_tokens),
+                              include_stop=bool(include_stop_str_in_output))
+            if held is not None:
+                request.sampler.hold_ends(held, int(min_tokens))
             if grammar is not None:  # its own matcher per choice (skippy.constrain)
                 request.sampler.constraint = grammar.constraint()
             parent = parent or request
@@ -482,6 +499,16 @@ class Engine:
             streams.append(GenerationStream(self, request, events_rx, submit_rx))
         self._composer.unpark()
         return streams
+
+    def _held_ids(self, stop_ids: frozenset[int], ignore_eos: bool) -> np.ndarray:
+        """What min_tokens holds out: the stop ids, and the vocabulary's end-of-generation ids unless
+        ignore_eos (vLLM's MinTokensLogitsProcessor); the end ids found once, on first use."""
+        if self._eog_ids is None:
+            found = getattr(self.runtime, "eog_ids", None)
+            self._eog_ids = (found() if found is not None else
+                             np.array([t for t in range(self.runtime.n_vocab) if self.runtime.is_eog(t)], np.int64))
+        ids = set(stop_ids) | (set() if ignore_eos else set(self._eog_ids.tolist()))
+        return np.array(sorted(ids), dtype=np.int64)
 
     @property
     def n_ctx(self) -> int:

@@ -182,6 +182,11 @@ class ContextRuntime:
             eog = self._eog[token] = self._tok.is_eog(token)
         return eog
 
+    def eog_ids(self) -> np.ndarray:
+        """Every end-of-generation id of the vocabulary (what min_tokens holds out), by a scan that
+        leaves the per-token cache alone (it would hold the whole vocabulary)."""
+        return np.array([t for t in range(self.n_vocab) if self._tok.is_eog(t)], dtype=np.int64)
+
     def _probe_prompt(self, seq: int, n: int) -> tuple[Any, float]:
         from .scheduling.cost import StepShape, attended_kcells
 

@@ -105,25 +105,49 @@ class Sampler:
         self._bias = np.array([b for _, b in bias], dtype=np.float64)
         # a grammar (skippy.constrain.Constraint): masks the row after shaping, advances once per pick
         self.constraint: Any = None
+        # vLLM's min_tokens: these ids (end-of-generation, stop_token_ids) cannot be picked while
+        # fewer than `_hold_until` tokens have been (`hold_ends`)
+        self._hold_ids = np.empty(0, np.int64)
+        self._hold_until = 0
+        self._n = 0  # picks so far
+
+    def hold_ends(self, ids: Sequence[int] | np.ndarray, until: int) -> None:
+        """Mask `ids` out of the first `until` picks (their logits -inf; the other logits untouched)."""
+        self._hold_ids = np.asarray(ids, dtype=np.int64).ravel()
+        self._hold_until = int(until) if self._hold_ids.size else 0
 
     @property
     def greedy(self) -> bool:
-        """Sampled in sample_rows' vectorised argmax: greedy params and no grammar."""
-        return self.params.greedy and self.constraint is None
+        """Sampled in sample_rows' vectorised argmax: greedy params, no grammar, no ids held out."""
+        return self.params.greedy and self.constraint is None and self._n >= self._hold_until
 
     def __call__(self, logits: np.ndarray) -> int:
+        holding = self._n < self._hold_until
+        self._n += 1
         if self.constraint is not None:
-            return self._constrained(logits)
+            return self._constrained(logits, holding)
         if not self._shapes:
-            return pick(logits, self.params, self.draw())
-        token = pick(self.shape(logits), self.params, self.draw())
+            return pick(self._held_out(logits, copy=True) if holding else logits, self.params, self.draw())
+        shaped = self.shape(logits)
+        token = pick(self._held_out(shaped, copy=False) if holding else shaped, self.params, self.draw())
         self._out.append(token)
         return token
 
-    def _constrained(self, logits: np.ndarray) -> int:
+    def _held_out(self, logits: np.ndarray, *, copy: bool) -> np.ndarray:
+        """The row with the held ids at -inf, in its own dtype (the others' values and so their order
+        are the row's own: a greedy pick that was not a held id is unchanged)."""
+        x = np.array(logits) if copy else logits
+        ids = self._hold_ids[self._hold_ids < x.shape[0]]
+        x[ids] = -np.inf
+        return x
+
+    def _constrained(self, logits: np.ndarray, holding: bool = False) -> int:
         """The grammar's mask over the shaped logits, then the pick; the grammar takes the token."""
         c = self.constraint
-        token = pick(c.mask(self.shape(logits) if self._shapes else logits), self.params, self.draw())
+        row = self.shape(logits) if self._shapes else logits
+        if holding:
+            row = self._held_out(row, copy=not self._shapes)
+        token = pick(c.mask(row), self.params, self.draw())
         c.accept(token)
         if self._shapes:
             self._out.append(token)
@@ -168,16 +192,15 @@ class Sampler:
 
     def state(self) -> tuple:
         """Where its RNG stream and history (and grammar) stand: a step that failed puts them back (`restore`)."""
-        if self.constraint is not None:
-            return self._rng.bit_generator.state, len(self._out), self.constraint.state()
-        return self._rng.bit_generator.state, len(self._out)
+        grammar = self.constraint.state() if self.constraint is not None else None
+        return self._rng.bit_generator.state, len(self._out), self._n, grammar
 
     def restore(self, state: tuple) -> None:
-        rng, n_out = state[0], state[1]
+        rng, n_out, self._n, grammar = state
         self._rng.bit_generator.state = rng
         del self._out[n_out:]
-        if len(state) > 2 and self.constraint is not None:
-            self.constraint.restore(state[2])
+        if grammar is not None and self.constraint is not None:
+            self.constraint.restore(grammar)
 
 
 # Top-p needs the candidates best first, but only as far as its cut: the order is sorted a head at a

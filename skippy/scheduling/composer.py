@@ -122,7 +122,7 @@ class Composer:
         for r in requests:
             assert r.seq_id is not None and r.state is RequestState.RUNNING
             if r.assembler is None:
-                r.assembler = TextAssembler(r.stop)
+                r.assembler = TextAssembler(r.stop, r.include_stop)
             self.running.append(r)
             self.n_logprobs += asks_logprobs(r)
 
@@ -200,7 +200,8 @@ class Composer:
             r.cached += c.n
             if not c.output:
                 continue
-            tok, piece, end = int(tokens[row]), pieces[row], bool(eog[row]) and not r.ignore_eos
+            tok, piece = int(tokens[row]), pieces[row]
+            end = bool(eog[row]) and not r.ignore_eos or tok in r.stop_ids
             row += 1
             if r.cancel_requested or r.state is not RequestState.RUNNING:
                 continue  # swept before the next step
@@ -235,7 +236,8 @@ class Composer:
                 s += k
             if not c.output:
                 continue
-            tok, piece, end = int(tokens[row]), pieces[row], bool(eog[row]) and not r.ignore_eos
+            tok, piece = int(tokens[row]), pieces[row]
+            end = bool(eog[row]) and not r.ignore_eos or tok in r.stop_ids
             lp = logprobs.sampled[row]
             row += 1
             if r.cancel_requested or r.state is not RequestState.RUNNING:
@@ -274,8 +276,10 @@ class Composer:
 def _text_and_finish(r: Request, piece: bytes, end: bool) -> tuple[str, FinishReason | None]:
     """The text a request's newest token (already in `generated`) releases, and why it ends, if it does."""
     if end:
+        if r.include_stop and r.generated[-1] in r.stop_ids:  # vLLM keeps a stop id's text with include_stop
+            return r.assembler.push(piece, check=False)[0] + r.assembler.flush(), "stop"
         return r.assembler.flush(), "stop"
-    text, stopped = r.assembler.push(piece)
+    text, stopped = r.assembler.push(piece, check=len(r.generated) >= r.min_tokens)
     if stopped:
         return text, "stop"
     if r.remaining <= 0:

@@ -88,6 +88,12 @@ class Request:
     pinned: bool = False  # preempted too often: never a victim again, admitted with a full reservation
     cancel_requested: bool = False
     ignore_eos: bool = False  # end-of-generation tokens do not finish it (benchmarks: exact lengths)
+    # vLLM's fields: these sampled ids finish it too ("stop"; ignore_eos does not lift them); before
+    # `min_tokens` tokens nothing finishes it but the length (its sampler cannot pick an end id, and no
+    # stop string is looked for); `include_stop`: a stop string found stays in the text
+    stop_ids: frozenset[int] = frozenset()
+    min_tokens: int = 0
+    include_stop: bool = False
     finish_reason: FinishReason | None = None
     share: Any = None  # a prefix.Share promised at admission, until its cells are copied in
     shared_tokens: int = 0  # prompt tokens of this admission shared from the prefix cache, not computed
@@ -175,3 +181,17 @@ def validate(prompt: Sequence[int] | np.ndarray, max_tokens: int, n_ctx: int, n_
     if tokens.size + max_tokens > n_ctx:
         raise PromptTooLongError(f"prompt ({tokens.size}) + max_tokens ({max_tokens}) exceed the context ({n_ctx})")
     return tokens.astype(np.int32, copy=False)
+
+
+def check_ends(min_tokens: Any, stop_token_ids: Any, max_tokens: int, n_vocab: int) -> frozenset[int]:
+    """vLLM's min_tokens and stop_token_ids, checked (named errors); returns the stop ids as a set."""
+    from ..errors import InvalidInputError
+
+    if isinstance(min_tokens, bool) or not isinstance(min_tokens, (int, np.integer)) or not 0 <= min_tokens <= max_tokens:
+        raise InvalidInputError(f"min_tokens must be an integer in [0, max_tokens={max_tokens}], got {min_tokens!r}")
+    if isinstance(stop_token_ids, (str, bytes)) or not hasattr(stop_token_ids, "__iter__"):
+        raise InvalidInputError(f"stop_token_ids must be a sequence of token ids, got {stop_token_ids!r}")
+    ids = list(stop_token_ids)
+    if not all(isinstance(t, (int, np.integer)) and not isinstance(t, bool) and 0 <= t < n_vocab for t in ids):
+        raise InvalidInputError(f"stop_token_ids must be token ids in [0, {n_vocab}), got {ids!r}")
+    return frozenset(int(t) for t in ids)

@@ -67,7 +67,7 @@ def may_run(plan: StepPlan) -> bool:
         return False
     for c in plan.chunks:
         r = c.request
-        if r.stop or not offers(r.sink):
+        if r.stop or r.stop_ids or not offers(r.sink):
             return False
     return True
 

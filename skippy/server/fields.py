@@ -73,9 +73,6 @@ NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "json_schema": lambda v: v == {},
     "store": lambda v: v is False,
     "modalities": lambda v: v == ["text"],
-    "min_tokens": lambda v: v == 0 and is_int(v),
-    "stop_token_ids": lambda v: v == [],
-    "include_stop_str_in_output": lambda v: v is False,
     "mirostat": lambda v: v == 0 and is_int(v),
     "typical_p": lambda v: is_num(v) and v == 1,
     "dry_multiplier": lambda v: is_num(v) and v == 0,
@@ -86,7 +83,8 @@ NO_EFFECT = {"user", "metadata", "service_tier", "reasoning_effort", "cache_prom
              "skip_special_tokens", "spaces_between_special_tokens"}
 COMMON = {"model", "max_tokens", "n_predict", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
           "stream_options", "ignore_eos", "priority", "presence_penalty", "frequency_penalty", "repetition_penalty",
-          "repeat_penalty", "repeat_last_n", "logit_bias", "n", "logprobs"}
+          "repeat_penalty", "repeat_last_n", "logit_bias", "n", "logprobs",
+          "min_tokens", "stop_token_ids", "include_stop_str_in_output"}  # vLLM's
 # structured output and tools: read by server.structured (known here, so never the neutral-only check;
 # tools stay neutral-only in completions)
 COMMON |= {"response_format", "grammar", "json_schema"}
@@ -246,6 +244,24 @@ def stops(data: Mapping[str, Any]) -> tuple[str, ...]:
         raise bad_request(f"Invalid type or value for 'stop': expected a string or up to {MAX_STOPS} strings of at "
                           f"most {MAX_STOP_CHARS} characters, got {stop!r:.200}", param="stop", code="invalid_type")
     return tuple(dict.fromkeys(s for s in items if s))
+
+
+MAX_STOP_IDS = 1024  # stop_token_ids per request
+
+
+def stop_token_ids(data: Mapping[str, Any]) -> tuple[int, ...]:
+    """vLLM's `stop_token_ids` (their range against the vocabulary is checked with the prompt's ids)."""
+    ids = want(data, "stop_token_ids", lambda v: isinstance(v, list) and len(v) <= MAX_STOP_IDS
+               and all(is_int(t) and t >= 0 for t in v), f"a list of up to {MAX_STOP_IDS} token ids", [])
+    return tuple(dict.fromkeys(ids))
+
+
+def min_tokens(data: Mapping[str, Any], limit: int | None) -> int:
+    """vLLM's `min_tokens`: at most max_tokens (a 400, as vLLM's, past it)."""
+    n = want(data, "min_tokens", lambda v: is_int(v) and v >= 0, "an integer >= 0", 0)
+    if limit is not None and n > limit:
+        raise bad_request(f"'min_tokens' ({n}) must be at most 'max_tokens' ({limit})", param="min_tokens")
+    return n
 
 
 def stream_options(data: Mapping[str, Any], stream: bool) -> tuple[bool, tuple[str, ...]]:

@@ -55,6 +55,11 @@ class GenerateCall:
     echo: bool = False  # completions: the prompt returned before the completion (scored, with logprobs)
     structured: S.Structured | None = None  # response_format / grammar / tools (server.structured)
     grammar: Any = None  # its compiled skippy.constrain.Grammar, set by the app before submitting
+    # vLLM's: sampled ids that finish a choice, tokens before which nothing but the length finishes
+    # it, and whether a stop string found stays in the text
+    stop_token_ids: tuple[int, ...] = ()
+    min_tokens: int = 0
+    include_stop_str_in_output: bool = False
 
     @property
     def prompt(self) -> Any:
@@ -64,8 +69,9 @@ class GenerateCall:
     @property
     def shaping_param(self) -> str | None:
         """The name of a sampling field that needs the sampler beside the logits (penalties, bias), if any."""
-        return next((k for k in ("presence_penalty", "frequency_penalty", "repeat_penalty", "logit_bias")
-                     if k in self.sampling), None)
+        found = next((k for k in ("presence_penalty", "frequency_penalty", "repeat_penalty", "logit_bias")
+                      if k in self.sampling), None)
+        return found or ("min_tokens" if self.min_tokens else None)  # it masks the end ids out of the logits
 
     @property
     def prompt_logprobs(self) -> int | None:
@@ -86,6 +92,12 @@ class GenerateCall:
             kw["prompt_logprobs"] = self.prompt_logprobs
         if self.grammar is not None:
             kw["grammar"] = self.grammar
+        if self.stop_token_ids:
+            kw["stop_token_ids"] = self.stop_token_ids
+        if self.min_tokens:
+            kw["min_tokens"] = min(self.min_tokens, max_tokens)  # max_tokens None: the context's rest, maybe less
+        if self.include_stop_str_in_output:
+            kw["include_stop_str_in_output"] = True
         return kw
 
 
@@ -154,7 +166,9 @@ def _common(data: Mapping[str, Any], kind: str, prompts: tuple[Any, ...], ignore
         ignore_eos=F.want(data, "ignore_eos", lambda v: isinstance(v, bool), "a boolean", False),
         priority=F.want(data, "priority", F.is_int, "an integer", 0),
         ignored=ignored + more_ignored, n=n, logprobs=F.logprobs(data, kind), echo=echo,
-        structured=S.parse(data, kind),
+        structured=S.parse(data, kind), stop_token_ids=F.stop_token_ids(data), min_tokens=F.min_tokens(data, limit),
+        include_stop_str_in_output=F.want(data, "include_stop_str_in_output", lambda v: isinstance(v, bool),
+                                          "a boolean", False),
     )
 
 
@@ -204,11 +218,16 @@ def parse_chat(data: Mapping[str, Any]) -> GenerateCall:
 
 
 def check_token_ids(call: GenerateCall, n_vocab: int) -> None:
-    """logit_bias names tokens of this model's vocabulary (a 400 otherwise, not a silent no-op)."""
+    """logit_bias and stop_token_ids name tokens of this model's vocabulary (a 400 otherwise, not a
+    silent no-op)."""
     bad = [t for t in call.sampling.get("logit_bias", {}) if t >= n_vocab]
     if bad:
         raise bad_request(f"Invalid 'logit_bias': token ids must be < {n_vocab} (the vocabulary), got {bad[0]}",
                           param="logit_bias", code="invalid_type")
+    bad = [t for t in call.stop_token_ids if t >= n_vocab]
+    if bad:
+        raise bad_request(f"Invalid 'stop_token_ids': token ids must be < {n_vocab} (the vocabulary), got {bad[0]}",
+                          param="stop_token_ids", code="invalid_type")
 
 
 def resolve_max_tokens(call: GenerateCall, n_prompt: int, n_ctx: int) -> int:

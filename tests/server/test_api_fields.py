@@ -130,6 +130,8 @@ async def test_penalties_are_refused_where_the_sampler_cannot_see_the_logits():
             app.state.server.local_sampling = False  # as for a staged pipeline (its last stage samples remotely)
             r = await http.post("/v1/completions", json={"model": "m", "prompt": P1, "frequency_penalty": 0.5})
             assert r.status_code == 400 and r.json()["error"]["param"] == "frequency_penalty"
+            r = await http.post("/v1/completions", json={"model": "m", "prompt": P1, "min_tokens": 2})
+            assert r.status_code == 400 and r.json()["error"]["param"] == "min_tokens"  # a mask on the logits
             r = await http.post("/v1/completions", json={"model": "m", "prompt": P1, "max_tokens": 2})
             assert r.status_code == 200
 
@@ -206,6 +208,32 @@ async def test_a_client_that_leaves_cancels_every_prompt_of_its_request(stream):
                 await trio.sleep(0.01)
             await engine.settled()
             assert engine.stats().finished["length"] == 0 and not app.state.server.in_flight
+
+
+async def test_vllms_min_tokens_stop_token_ids_and_include_stop_str_in_output():
+    """The fields vLLM's clients and load generators send (one of them sends min_tokens on every request)."""
+    with trio.fail_after(20):
+        async with fake_server() as (http, rt, _):
+            solo = rt.solo(P1, 8)
+            body = {"model": "m", "prompt": P1, "max_tokens": 8, "temperature": 0}
+            r = await http.post("/v1/completions", json={**body, "min_tokens": 8, "stop_token_ids": [solo[3]]})
+            assert r.status_code == 200, r.text
+            choice = r.json()["choices"][0]
+            # the stop id cannot be picked before 8 tokens: the fake's next best instead, to the length
+            assert choice["text"].startswith(text_of(rt, solo[:3])) and len(choice["text"]) == 8
+            assert choice["text"][3] != text_of(rt, solo[3:4]) and choice["finish_reason"] == "length"
+            r = await http.post("/v1/completions", json={**body, "stop_token_ids": [solo[3]]})
+            assert r.json()["choices"][0]["text"] == text_of(rt, solo[:3])
+            stop = text_of(rt, solo[2:4])
+            r = await http.post("/v1/completions", json={**body, "stop": [stop], "include_stop_str_in_output": True})
+            assert r.json()["choices"][0]["text"] == text_of(rt, solo[:4]) and "x-skippy-ignored-fields" not in r.headers
+            for bad, param in [({"min_tokens": 9}, "min_tokens"), ({"min_tokens": -1}, "min_tokens"),
+                               ({"stop_token_ids": [64]}, "stop_token_ids"), ({"stop_token_ids": "7"}, "stop_token_ids"),
+                               ({"include_stop_str_in_output": 1}, "include_stop_str_in_output")]:
+                r = await http.post("/v1/completions", json={**body, **bad})
+                assert r.status_code == 400, (bad, r.text)
+                assert_error_shape(r.json())
+                assert r.json()["error"]["param"] == param
 
 
 def test_a_pipeline_engine_is_known_not_to_sample_beside_its_logits():
