@@ -51,6 +51,7 @@ class SamplingParams:
     top_k: int = 0  # 0 = off
     top_p: float = 1.0
     min_p: float = 0.0
+    typical_p: float = 1.0  # locally typical sampling (llama.cpp's typ_p); 1 = off
     seed: int | None = None
     presence_penalty: float = 0.0  # OpenAI's: minus this once for every token already generated
     frequency_penalty: float = 0.0  # OpenAI's: minus this per time a token was generated
@@ -66,6 +67,8 @@ class SamplingParams:
         _check(_is_int(self.top_k) and self.top_k >= 0, f"top_k must be an integer >= 0, got {self.top_k!r}")
         _check(_is_num(self.top_p) and 0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p!r}")
         _check(_is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
+        _check(_is_num(self.typical_p) and 0 < self.typical_p <= 1,
+               f"typical_p must be in (0, 1], got {self.typical_p!r}")
         _check(self.seed is None or _is_int(self.seed) and self.seed >= 0,
                f"seed must be an integer >= 0, got {self.seed!r}")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -218,7 +221,8 @@ def pick(logits: np.ndarray, p: SamplingParams, u: float | None) -> int:
     In float32, llama.cpp's precision. The candidates are the top-k (ties at the cut to the lower
     ids), else every id; each weighs exp((x - max) / temperature). Min-p keeps those weighing at
     least min_p (the best weighs 1); top-p keeps, best first (by logit, then id), those whose
-    predecessors' weight is under top_p of the candidates' total. The draw walks what is kept in id
+    predecessors' weight is under top_p of the candidates' total; typical_p, before both, keeps the
+    locally typical ones (`_typical_kept`), and top-p and min-p then weigh only those. The draw walks what is kept in id
     order, as llama.cpp's dist sampler does: the first whose cumulative weight exceeds u x their
     total (summed a BLOCK at a time, see `_draw`). Nothing is sorted unless top-p asks for it, and
     then only as far as its cut."""
@@ -235,10 +239,15 @@ def pick(logits: np.ndarray, p: SamplingParams, u: float | None) -> int:
         w /= np.float32(p.temperature)
     np.exp(w, out=w)
     kept = None  # local indices, ascending; None: every candidate
+    if p.typical_p < 1:
+        kept = _typical_kept(w, p.typical_p)
     if p.top_p < 1:
-        kept = _top_p_kept(x, w, p.top_p)
-    if p.min_p > 0:  # the best weighs exp(0) = 1 >= min_p: it always stays
-        kept = np.flatnonzero(w >= np.float32(p.min_p)) if kept is None else kept[w[kept] >= np.float32(p.min_p)]
+        kept = _top_p_kept(x, w, p.top_p) if kept is None else kept[_top_p_kept(x[kept], w[kept], p.top_p)]
+    if p.min_p > 0:  # relative to the best kept (weighing exp(0) = 1 unless typical_p dropped it): it stays
+        if kept is None:
+            kept = np.flatnonzero(w >= np.float32(p.min_p))
+        else:
+            kept = kept[w[kept] >= np.float32(p.min_p) * w[kept].max()]
     index = _draw(w if kept is None else w[kept], u)
     local = index if kept is None else int(kept[index])
     return local if ids is None else int(ids[local])
@@ -259,6 +268,23 @@ def _draw(w: np.ndarray, u: float) -> int:
     if b:
         within += edges[b - 1]
     return b * BLOCK + min(int(np.searchsorted(within, target, side="right")), within.size - 1)
+
+
+def _typical_kept(w: np.ndarray, typical_p: float) -> np.ndarray:
+    """Local indices (ascending) that locally typical sampling keeps (llama.cpp's
+    llama_sampler_typical_apply, min_keep 1): the candidates by |-log p - H| ascending (H the
+    entropy; ties to the lower id), up to and with the first at which their probability sum
+    exceeds typical_p. One sort over the candidates: a cost only requests that ask for it pay."""
+    prob = w / w.sum(dtype=np.float64)
+    with np.errstate(divide="ignore"):
+        logp = np.log(prob)
+    live = prob > 0
+    entropy = -float(np.dot(prob[live], logp[live]))
+    shifted = np.where(live, np.abs(-logp - entropy), np.inf)
+    order = np.argsort(shifted, kind="stable")
+    total = np.cumsum(prob[order])
+    cut = min(1 + int(np.searchsorted(total, typical_p, side="right")), order.size)
+    return np.sort(order[:cut])
 
 
 def _top_p_kept(x: np.ndarray, w: np.ndarray, top_p: float) -> np.ndarray:

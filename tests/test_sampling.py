@@ -71,6 +71,8 @@ def test_temperature_spreads_draws():
         {"min_p": -0.1},
         {"min_p": 2},
         {"seed": "x"},
+        {"typical_p": 0.0},
+        {"typical_p": 1.2},
     ],
 )
 def test_bad_sampling_values_are_named_errors(kwargs):
@@ -89,9 +91,24 @@ def _reference_pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
     xs = x[ids]
     w = np.exp((xs - xs.max()) / np.float32(p.temperature))
     keep = np.ones(xs.size, dtype=bool)
+    if p.typical_p < 1:  # llama.cpp's llama_sampler_typical_apply (min_keep 1), as its loop
+        prob = w / w.sum(dtype=np.float64)
+        live = prob > 0
+        logp = np.log(np.where(live, prob, 1.0))
+        entropy = -float(np.dot(prob[live], logp[live]))
+        shifted = [abs(-logp[i] - entropy) if live[i] else np.inf for i in range(xs.size)]
+        order = sorted(range(xs.size), key=lambda i: (shifted[i], i))
+        total, last = 0.0, len(order)
+        for n, i in enumerate(order):
+            total += prob[i]
+            if total > p.typical_p:
+                last = n + 1
+                break
+        keep[:] = False
+        keep[order[:last]] = True
     if p.top_p < 1:
-        order = np.lexsort((np.arange(xs.size), -xs))
-        limit = p.top_p * w.sum(dtype=np.float64)
+        order = [i for i in np.lexsort((np.arange(xs.size), -xs)) if keep[i]]
+        limit = p.top_p * w[keep].sum(dtype=np.float64)
         before, keep[:] = 0.0, False
         for i in order:  # best first, while the weight before it is under the limit
             if keep.any() and before >= limit:
@@ -99,7 +116,7 @@ def _reference_pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
             keep[i] = True
             before += np.float64(w[i])
     if p.min_p > 0:
-        keep &= w >= np.float32(p.min_p)
+        keep &= w >= np.float32(p.min_p) * w[keep].max()
     kept = np.flatnonzero(keep)
     return int(ids[kept[_reference_draw(w[kept], u, sampling.BLOCK)]])
 
@@ -126,7 +143,8 @@ spread_logits = st.lists(st.floats(-30, 30, allow_nan=False, width=32), min_size
     lambda xs: np.array(xs, dtype=np.float32))
 sampling_params = st.builds(
     SamplingParams, temperature=st.sampled_from([0.3, 1.0, 2.0]), top_k=st.sampled_from([0, 1, 3, 50]),
-    top_p=st.sampled_from([1.0, 0.9, 0.5]), min_p=st.sampled_from([0.0, 0.05, 0.5]))
+    top_p=st.sampled_from([1.0, 0.9, 0.5]), min_p=st.sampled_from([0.0, 0.05, 0.5]),
+    typical_p=st.sampled_from([1.0, 1.0, 0.95, 0.5, 0.2]))
 
 
 @given(st.one_of(tied_logits, spread_logits), sampling_params, st.floats(0, 1, exclude_max=True),
@@ -207,3 +225,16 @@ def test_a_tiny_temperature_picks_the_argmax_without_nan_or_warnings(temperature
         warnings.simplefilter("error")  # a divide-by-zero or overflow RuntimeWarning fails the test
         for u in (0.0, 0.5, 0.999):
             assert sampling.pick(logits, SamplingParams(temperature=temperature), u) == 1
+
+
+def test_typical_p_keeps_the_tokens_near_the_entropy_not_the_most_likely():
+    """The likeliest token (p 0.17) and a flat tail of 100 (p 0.008 each): the entropy (4.3 nats) is
+    near a tail token's surprisal (4.8), far from the likeliest's (1.8), so typical_p 0.5 keeps only
+    tail tokens (as llama.cpp's typ_p sampler does)."""
+    logits = np.array([3.0] + [0.0] * 100, dtype=np.float32)
+    p = SamplingParams(temperature=1.0, typical_p=0.5, seed=1)
+    s = Sampler(p)
+    draws = {s(logits) for _ in range(200)}
+    assert 0 not in draws and len(draws) > 5
+    loose = Sampler(SamplingParams(temperature=1.0, seed=1))
+    assert 0 in {loose(logits) for _ in range(100)}

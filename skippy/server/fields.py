@@ -74,7 +74,6 @@ NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "store": lambda v: v is False,
     "modalities": lambda v: v == ["text"],
     "mirostat": lambda v: v == 0 and is_int(v),
-    "typical_p": lambda v: is_num(v) and v == 1,
     "dry_multiplier": lambda v: is_num(v) and v == 0,
     "xtc_probability": lambda v: is_num(v) and v == 0,
 }
@@ -83,7 +82,7 @@ NO_EFFECT = {"user", "metadata", "service_tier", "reasoning_effort", "cache_prom
              "skip_special_tokens", "spaces_between_special_tokens"}
 COMMON = {"model", "max_tokens", "n_predict", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
           "stream_options", "ignore_eos", "priority", "presence_penalty", "frequency_penalty", "repetition_penalty",
-          "repeat_penalty", "repeat_last_n", "logit_bias", "n", "logprobs",
+          "repeat_penalty", "repeat_last_n", "logit_bias", "n", "logprobs", "typical_p",
           "min_tokens", "stop_token_ids", "include_stop_str_in_output"}  # vLLM's
 # structured output and tools: read by server.structured (known here, so never the neutral-only check;
 # tools stay neutral-only in completions)
@@ -184,6 +183,9 @@ def sampling(data: Mapping[str, Any]) -> dict[str, Any]:
         "min_p": float(want(data, "min_p", lambda v: is_num(v) and 0 <= v <= 1, "a number in [0, 1]", 0.0)),
         "seed": None if seed == -1 else seed,
     }
+    typical = want(data, "typical_p", lambda v: is_num(v) and 0 < v <= 1, "a number in (0, 1]", 1.0)
+    if typical < 1:
+        out["typical_p"] = float(typical)
     for name in ("presence_penalty", "frequency_penalty"):
         v = want(data, name, lambda v: is_num(v) and -2 <= v <= 2, "a number in [-2, 2]")
         if v is not None:
