@@ -47,10 +47,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--user-words", type=int, default=40)
     p.add_argument("--one-shot", type=float, default=0.1, help="share of requests that are unique one-shots")
     p.add_argument("--gen", type=int, default=32, help="output tokens per request (ignore_eos)")
-    p.add_argument("--rate", type=float, default=0.4,
-                   help="requests per second the sessions offer in all: each session pauses sessions / rate "
-                        "seconds (mean) between its requests, and sessions start spread over that long (default "
-                        "0.4: about 0.75x one replica's saturated throughput of SmolLM2 on 2 AVX2 cores)")
+    p.add_argument("--rate", type=float, default=0.5,
+                   help="requests per second the sessions offer in all while every one is running: each pauses "
+                        "sessions / rate seconds (mean) between its requests, and they start spread over that "
+                        "long (default 0.5: about 0.9x one replica's saturated throughput of SmolLM2 on 2 AVX2 cores)")
     p.add_argument("--think-s", type=float, default=None, help="the mean pause itself (instead of --rate)")
     p.add_argument("--ramp-s", type=float, default=None, help="sessions start within this (default: the pause)")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="threads in all, split over replicas")
@@ -95,8 +95,8 @@ def _workload(args: argparse.Namespace) -> str:
     return (f"{'/'.join(map(str, args.sessions))} sessions of {args.turns[0]}-{args.turns[1]} turns, a "
             f"{args.system_words}-word shared system prompt, {args.user_words}-word user turns, {args.gen} output "
             f"tokens (ignore_eos), {args.one_shot:.0%} unique one-shots; "
-            + (f"think time exp(mean {args.think_s:g} s)" if args.think_s is not None else
-               f"think time exp(mean sessions / {args.rate:g} s), offering {args.rate:g} req/s in all")
+            + (f"think time uniform over 0.5-1.5 x {args.think_s:g} s" if args.think_s is not None else
+               f"think time uniform over 0.5-1.5 x sessions / {args.rate:g} s, offering up to {args.rate:g} req/s")
             + (f", sessions starting within {args.ramp_s:g} s" if args.ramp_s is not None else
                ", sessions starting spread over one think time")
             + f"; seed {args.seed}")

@@ -1,8 +1,8 @@
 """One cell of the replica benchmark: `skippy cluster` started as a user would, the workload sent
 through its router, every replica's and the router's counters read before and after, stopped.
 
-The sessions run concurrently, each a closed loop over its own requests (a think time drawn from
-an exponential between them); every request is a streamed chat completion with `ignore_eos`, so
+The sessions run concurrently, each a closed loop over its own requests (a think time drawn
+uniformly from half to one and a half times its mean between them); every request is a streamed chat completion with `ignore_eos`, so
 output lengths are exact. What a cell returns is plain JSON, written to disk by the caller as soon
 as the cell ends, so a long run resumes where it stopped.
 """
@@ -130,7 +130,9 @@ async def _measure(cell: Cell, script: Script, setup: Setup, info: dict[str, Any
     urls = [r["url"] for r in info["replicas"]]
     rng = np.random.default_rng([setup.seed, cell.sessions, cell.round])
     starts = rng.uniform(0, setup.ramp_s, size=len(script.sessions))
-    thinks = [rng.exponential(setup.think_s, size=len(s)) for s in script.sessions]
+    # uniform over [0.5, 1.5] x the mean: a spread that de-synchronizes the sessions without the long
+    # tail of an exponential (whose slowest session set a cell's wall time at twice the mean session's)
+    thinks = [rng.uniform(0.5 * setup.think_s, 1.5 * setup.think_s, size=len(s)) for s in script.sessions]
     records: list[dict[str, Any]] = []
     limits = httpx.Limits(max_connections=len(script.sessions) + 8, max_keepalive_connections=len(script.sessions) + 8)
     async with httpx.AsyncClient(timeout=httpx.Timeout(900.0), limits=limits) as http:
