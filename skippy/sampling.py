@@ -52,6 +52,8 @@ class SamplingParams:
     top_p: float = 1.0
     min_p: float = 0.0
     typical_p: float = 1.0  # locally typical sampling (llama.cpp's typ_p); 1 = off
+    xtc_probability: float = 0.0  # llama.cpp's XTC ("exclude top choices"): how often it cuts; 0 = off
+    xtc_threshold: float = 0.1  # the probability from which a choice is "top" (above 0.5: never cuts)
     seed: int | None = None
     presence_penalty: float = 0.0  # OpenAI's: minus this once for every token already generated
     frequency_penalty: float = 0.0  # OpenAI's: minus this per time a token was generated
@@ -69,6 +71,9 @@ class SamplingParams:
         _check(_is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
         _check(_is_num(self.typical_p) and 0 < self.typical_p <= 1,
                f"typical_p must be in (0, 1], got {self.typical_p!r}")
+        for name in ("xtc_probability", "xtc_threshold"):
+            _check(_is_num(getattr(self, name)) and 0 <= getattr(self, name) <= 1,
+                   f"{name} must be in [0, 1], got {getattr(self, name)!r}")
         _check(self.seed is None or _is_int(self.seed) and self.seed >= 0,
                f"seed must be an integer >= 0, got {self.seed!r}")
         for name in ("presence_penalty", "frequency_penalty"):
@@ -130,9 +135,9 @@ class Sampler:
         if self.constraint is not None:
             return self._constrained(logits, holding)
         if not self._shapes:
-            return pick(self._held_out(logits, copy=True) if holding else logits, self.params, self.draw())
+            return pick(self._held_out(logits, copy=True) if holding else logits, self.params, *self.draws())
         shaped = self.shape(logits)
-        token = pick(self._held_out(shaped, copy=False) if holding else shaped, self.params, self.draw())
+        token = pick(self._held_out(shaped, copy=False) if holding else shaped, self.params, *self.draws())
         self._out.append(token)
         return token
 
@@ -150,7 +155,7 @@ class Sampler:
         row = self.shape(logits) if self._shapes else logits
         if holding:
             row = self._held_out(row, copy=not self._shapes)
-        token = pick(c.mask(row), self.params, self.draw())
+        token = pick(c.mask(row), self.params, *self.draws())
         c.accept(token)
         if self._shapes:
             self._out.append(token)
@@ -193,6 +198,12 @@ class Sampler:
         the same RNG stream and arithmetic as one process, whichever stage holds the logits."""
         return None if self.params.temperature == 0 else float(self._rng.random())
 
+    def draws(self) -> tuple[float | None, float | None]:
+        """(the pick's draw, XTC's): XTC's, when it is on, is the next number of the same stream."""
+        u = self.draw()
+        xtc = self.params.xtc_probability > 0 and u is not None
+        return u, float(self._rng.random()) if xtc else None
+
     def state(self) -> tuple:
         """Where its RNG stream and history (and grammar) stand: a step that failed puts them back (`restore`)."""
         grammar = self.constraint.state() if self.constraint is not None else None
@@ -215,14 +226,16 @@ HEADS = (256, 2048, 16384)
 BLOCK = 1024
 
 
-def pick(logits: np.ndarray, p: SamplingParams, u: float | None) -> int:
+def pick(logits: np.ndarray, p: SamplingParams, u: float | None, u_xtc: float | None = None) -> int:
     """The token `p` picks from `logits` (already shaped) with the uniform draw `u` (unused at temperature 0).
 
     In float32, llama.cpp's precision. The candidates are the top-k (ties at the cut to the lower
     ids), else every id; each weighs exp((x - max) / temperature). Min-p keeps those weighing at
     least min_p (the best weighs 1); top-p keeps, best first (by logit, then id), those whose
     predecessors' weight is under top_p of the candidates' total; typical_p, before both, keeps the
-    locally typical ones (`_typical_kept`), and top-p and min-p then weigh only those. The draw walks what is kept in id
+    locally typical ones (`_typical_kept`), and top-p and min-p then weigh only those; XTC, last,
+    drops all but the least likely of the choices above its threshold when its draw `u_xtc` falls
+    within xtc_probability (`_xtc_kept`). The draw walks what is kept in id
     order, as llama.cpp's dist sampler does: the first whose cumulative weight exceeds u x their
     total (summed a BLOCK at a time, see `_draw`). Nothing is sorted unless top-p asks for it, and
     then only as far as its cut."""
@@ -248,6 +261,8 @@ def pick(logits: np.ndarray, p: SamplingParams, u: float | None) -> int:
             kept = np.flatnonzero(w >= np.float32(p.min_p))
         else:
             kept = kept[w[kept] >= np.float32(p.min_p) * w[kept].max()]
+    if u_xtc is not None and u_xtc <= p.xtc_probability and p.xtc_threshold <= 0.5:
+        kept = _xtc_kept(x, w, np.arange(w.size) if kept is None else kept, p.xtc_threshold)
     index = _draw(w if kept is None else w[kept], u)
     local = index if kept is None else int(kept[index])
     return local if ids is None else int(ids[local])
@@ -268,6 +283,18 @@ def _draw(w: np.ndarray, u: float) -> int:
     if b:
         within += edges[b - 1]
     return b * BLOCK + min(int(np.searchsorted(within, target, side="right")), within.size - 1)
+
+
+def _xtc_kept(x: np.ndarray, w: np.ndarray, kept: np.ndarray, threshold: float) -> np.ndarray:
+    """llama.cpp's XTC cut (min_keep 1): of the kept candidates whose probability is at least
+    `threshold`, all but the least likely leave, when there are two or more (the one that stays:
+    the last of them best first, by logit then id)."""
+    prob = w[kept] / w[kept].sum(dtype=np.float64)
+    top = np.flatnonzero(prob >= np.float32(threshold))
+    if top.size < 2:
+        return kept
+    order = top[np.lexsort((kept[top], -x[kept[top]]))]  # best first among the top choices
+    return np.delete(kept, order[:-1])
 
 
 def _typical_kept(w: np.ndarray, typical_p: float) -> np.ndarray:

@@ -72,6 +72,8 @@ def test_temperature_spreads_draws():
         {"min_p": 2},
         {"seed": "x"},
         {"typical_p": 0.0},
+        {"xtc_probability": 1.5},
+        {"xtc_threshold": -0.1},
         {"typical_p": 1.2},
     ],
 )
@@ -82,7 +84,7 @@ def test_bad_sampling_values_are_named_errors(kwargs):
 
 # -- pick sorts only a head of the order: the result must not depend on how much ------------------
 
-def _reference_pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
+def _reference_pick(logits: np.ndarray, p: SamplingParams, u: float, u_xtc: float | None = None) -> int:
     """pick's definition written out over the whole sorted order (no heads)."""
     x = np.asarray(logits, dtype=np.float32)
     ids = np.arange(x.size)
@@ -117,6 +119,13 @@ def _reference_pick(logits: np.ndarray, p: SamplingParams, u: float) -> int:
             before += np.float64(w[i])
     if p.min_p > 0:
         keep &= w >= np.float32(p.min_p) * w[keep].max()
+    if u_xtc is not None and u_xtc <= p.xtc_probability and p.xtc_threshold <= 0.5:  # llama.cpp's XTC
+        kept = np.flatnonzero(keep)
+        prob = w[kept] / w[kept].sum(dtype=np.float64)
+        ranked = sorted(range(kept.size), key=lambda i: (-xs[kept[i]], kept[i]))  # best first
+        above = [i for i in ranked if prob[i] >= np.float32(p.xtc_threshold)]
+        for i in above[:-1]:  # all but the last (least likely) of two or more
+            keep[kept[i]] = False
     kept = np.flatnonzero(keep)
     return int(ids[kept[_reference_draw(w[kept], u, sampling.BLOCK)]])
 
@@ -144,18 +153,20 @@ spread_logits = st.lists(st.floats(-30, 30, allow_nan=False, width=32), min_size
 sampling_params = st.builds(
     SamplingParams, temperature=st.sampled_from([0.3, 1.0, 2.0]), top_k=st.sampled_from([0, 1, 3, 50]),
     top_p=st.sampled_from([1.0, 0.9, 0.5]), min_p=st.sampled_from([0.0, 0.05, 0.5]),
-    typical_p=st.sampled_from([1.0, 1.0, 0.95, 0.5, 0.2]))
+    typical_p=st.sampled_from([1.0, 1.0, 0.95, 0.5, 0.2]), xtc_probability=st.sampled_from([0.0, 0.0, 0.5, 1.0]),
+    xtc_threshold=st.sampled_from([0.05, 0.1, 0.3, 0.6]))
 
 
 @given(st.one_of(tied_logits, spread_logits), sampling_params, st.floats(0, 1, exclude_max=True),
        st.sampled_from([(1,), (2, 5), (4, 16, 64)]), st.sampled_from([1, 3, 16, 1024]))
 @settings(max_examples=400, deadline=None)
 def test_pick_is_its_definition_whatever_the_heads_and_blocks(logits, params, u, heads, block):
+    u_xtc = (u * 7.3) % 1 if params.xtc_probability else None
     with _patched(BLOCK=block):
-        expected = _reference_pick(logits, params, u)
+        expected = _reference_pick(logits, params, u, u_xtc)
         for h in (heads, ()):
             with _patched(HEADS=h):
-                assert sampling.pick(logits, params, u) == expected
+                assert sampling.pick(logits, params, u, u_xtc) == expected
 
 
 @contextlib.contextmanager
@@ -238,3 +249,17 @@ def test_typical_p_keeps_the_tokens_near_the_entropy_not_the_most_likely():
     assert 0 not in draws and len(draws) > 5
     loose = Sampler(SamplingParams(temperature=1.0, seed=1))
     assert 0 in {loose(logits) for _ in range(100)}
+
+
+def test_xtc_cuts_the_top_choices_but_the_least_likely_of_them_as_often_as_asked():
+    logits = np.log(np.array([0.4, 0.3, 0.2, 0.05, 0.05], dtype=np.float32))
+    always = Sampler(SamplingParams(temperature=1.0, xtc_probability=1.0, xtc_threshold=0.1, seed=2))
+    assert {always(logits) for _ in range(200)} == {2, 3, 4}  # 0 and 1 are above 0.1 and likelier than 2
+    half = Sampler(SamplingParams(temperature=1.0, xtc_probability=0.5, xtc_threshold=0.1, seed=2))
+    picks = [half(logits) for _ in range(2000)]
+    share = sum(t in (0, 1) for t in picks) / len(picks)
+    assert 0.3 < share < 0.4  # cut half the time: 0.5 x 0.7
+    one_top = Sampler(SamplingParams(temperature=1.0, xtc_probability=1.0, xtc_threshold=0.35, seed=2))
+    assert 0 in {one_top(logits) for _ in range(100)}  # only one choice above: nothing cut
+    a, b = (Sampler(SamplingParams(temperature=1.0, xtc_probability=0.5, seed=9)) for _ in range(2))
+    assert [a(logits) for _ in range(50)] == [b(logits) for _ in range(50)]  # seeded, its draws included

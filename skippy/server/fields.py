@@ -75,7 +75,6 @@ NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "modalities": lambda v: v == ["text"],
     "mirostat": lambda v: v == 0 and is_int(v),
     "dry_multiplier": lambda v: is_num(v) and v == 0,
-    "xtc_probability": lambda v: is_num(v) and v == 0,
 }
 # known, accepted with no effect: metadata, and cache hints the prefix cache makes moot
 NO_EFFECT = {"user", "metadata", "service_tier", "reasoning_effort", "cache_prompt", "id_slot", "n_keep",
@@ -83,6 +82,7 @@ NO_EFFECT = {"user", "metadata", "service_tier", "reasoning_effort", "cache_prom
 COMMON = {"model", "max_tokens", "n_predict", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
           "stream_options", "ignore_eos", "priority", "presence_penalty", "frequency_penalty", "repetition_penalty",
           "repeat_penalty", "repeat_last_n", "logit_bias", "n", "logprobs", "typical_p",
+          "xtc_probability", "xtc_threshold",  # llama-server's
           "min_tokens", "stop_token_ids", "include_stop_str_in_output"}  # vLLM's
 # structured output and tools: read by server.structured (known here, so never the neutral-only check;
 # tools stay neutral-only in completions)
@@ -186,6 +186,10 @@ def sampling(data: Mapping[str, Any]) -> dict[str, Any]:
     typical = want(data, "typical_p", lambda v: is_num(v) and 0 < v <= 1, "a number in (0, 1]", 1.0)
     if typical < 1:
         out["typical_p"] = float(typical)
+    xtc = want(data, "xtc_probability", lambda v: is_num(v) and 0 <= v <= 1, "a number in [0, 1]", 0.0)
+    threshold = want(data, "xtc_threshold", lambda v: is_num(v) and 0 <= v <= 1, "a number in [0, 1]", 0.1)
+    if xtc > 0:
+        out["xtc_probability"], out["xtc_threshold"] = float(xtc), float(threshold)
     for name in ("presence_penalty", "frequency_penalty"):
         v = want(data, name, lambda v: is_num(v) and -2 <= v <= 2, "a number in [-2, 2]")
         if v is not None:
