@@ -54,6 +54,9 @@ class SamplingParams:
     typical_p: float = 1.0  # locally typical sampling (llama.cpp's typ_p); 1 = off
     xtc_probability: float = 0.0  # llama.cpp's XTC ("exclude top choices"): how often it cuts; 0 = off
     xtc_threshold: float = 0.1  # the probability from which a choice is "top" (above 0.5: never cuts)
+    mirostat: int = 0  # 2: llama.cpp's mirostat v2 in place of top-k/top-p/min-p/typical/XTC; 0 = off
+    mirostat_tau: float = 5.0  # the target surprise (bits)
+    mirostat_eta: float = 0.1  # how fast mu follows it
     seed: int | None = None
     presence_penalty: float = 0.0  # OpenAI's: minus this once for every token already generated
     frequency_penalty: float = 0.0  # OpenAI's: minus this per time a token was generated
@@ -71,6 +74,11 @@ class SamplingParams:
         _check(_is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
         _check(_is_num(self.typical_p) and 0 < self.typical_p <= 1,
                f"typical_p must be in (0, 1], got {self.typical_p!r}")
+        _check(self.mirostat in (0, 2) and _is_int(self.mirostat),
+               f"mirostat must be 0 (off) or 2 (mirostat v2; v1 is not implemented), got {self.mirostat!r}")
+        for name in ("mirostat_tau", "mirostat_eta"):
+            _check(_is_num(getattr(self, name)) and getattr(self, name) >= 0,
+                   f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
         for name in ("xtc_probability", "xtc_threshold"):
             _check(_is_num(getattr(self, name)) and 0 <= getattr(self, name) <= 1,
                    f"{name} must be in [0, 1], got {getattr(self, name)!r}")
@@ -118,6 +126,7 @@ class Sampler:
         self._hold_ids = np.empty(0, np.int64)
         self._hold_until = 0
         self._n = 0  # picks so far
+        self._mu = 2.0 * self.params.mirostat_tau  # mirostat's running bound on surprise (llama.cpp's start)
 
     def hold_ends(self, ids: Sequence[int] | np.ndarray, until: int) -> None:
         """Mask `ids` out of the first `until` picks (their logits -inf; the other logits untouched)."""
@@ -135,10 +144,16 @@ class Sampler:
         if self.constraint is not None:
             return self._constrained(logits, holding)
         if not self._shapes:
-            return pick(self._held_out(logits, copy=True) if holding else logits, self.params, *self.draws())
+            return self._pick(self._held_out(logits, copy=True) if holding else logits)
         shaped = self.shape(logits)
-        token = pick(self._held_out(shaped, copy=False) if holding else shaped, self.params, *self.draws())
+        token = self._pick(self._held_out(shaped, copy=False) if holding else shaped)
         self._out.append(token)
+        return token
+
+    def _pick(self, logits: np.ndarray) -> int:
+        if self.params.mirostat != 2 or self.params.temperature == 0:
+            return pick(logits, self.params, *self.draws())
+        token, self._mu = mirostat_v2(logits, self.params, self.draw(), self._mu)
         return token
 
     def _held_out(self, logits: np.ndarray, *, copy: bool) -> np.ndarray:
@@ -155,7 +170,7 @@ class Sampler:
         row = self.shape(logits) if self._shapes else logits
         if holding:
             row = self._held_out(row, copy=not self._shapes)
-        token = pick(c.mask(row), self.params, *self.draws())
+        token = self._pick(c.mask(row))
         c.accept(token)
         if self._shapes:
             self._out.append(token)
@@ -207,10 +222,10 @@ class Sampler:
     def state(self) -> tuple:
         """Where its RNG stream and history (and grammar) stand: a step that failed puts them back (`restore`)."""
         grammar = self.constraint.state() if self.constraint is not None else None
-        return self._rng.bit_generator.state, len(self._out), self._n, grammar
+        return self._rng.bit_generator.state, len(self._out), self._n, self._mu, grammar
 
     def restore(self, state: tuple) -> None:
-        rng, n_out, self._n, grammar = state
+        rng, n_out, self._n, self._mu, grammar = state
         self._rng.bit_generator.state = rng
         del self._out[n_out:]
         if grammar is not None and self.constraint is not None:
@@ -283,6 +298,24 @@ def _draw(w: np.ndarray, u: float) -> int:
     if b:
         within += edges[b - 1]
     return b * BLOCK + min(int(np.searchsorted(within, target, side="right")), within.size - 1)
+
+
+def mirostat_v2(logits: np.ndarray, p: SamplingParams, u: float, mu: float) -> tuple[int, float]:
+    """llama.cpp's mirostat v2 after its temperature (llama_sampler_mirostat_v2_apply): of the
+    softmax, the candidates whose surprise -log2 p is at most `mu` (at least the likeliest), drawn
+    from renormalized (in id order, as `pick` draws); then mu -= eta x (the drawn one's surprise
+    there - tau). Returns (token, the next mu). float32 as llama.cpp, the sums float64."""
+    x = np.asarray(logits, dtype=np.float32) / np.float32(p.temperature)
+    w = np.exp(x - x.max())
+    prob = (w / w.sum(dtype=np.float64)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        kept = np.flatnonzero(-np.log2(prob) <= np.float32(mu))
+    if kept.size == 0:
+        kept = np.array([int(np.argmax(x))])
+    index = _draw(w[kept], u)
+    renorm = np.float32(w[kept[index]] / w[kept].sum(dtype=np.float64))
+    surprise = float(-np.log2(renorm))
+    return int(kept[index]), float(np.float32(mu - p.mirostat_eta * (surprise - p.mirostat_tau)))
 
 
 def _xtc_kept(x: np.ndarray, w: np.ndarray, kept: np.ndarray, threshold: float) -> np.ndarray:

@@ -73,6 +73,8 @@ def test_temperature_spreads_draws():
         {"seed": "x"},
         {"typical_p": 0.0},
         {"xtc_probability": 1.5},
+        {"mirostat": 1},
+        {"mirostat": 2, "mirostat_tau": -1.0},
         {"xtc_threshold": -0.1},
         {"typical_p": 1.2},
     ],
@@ -263,3 +265,53 @@ def test_xtc_cuts_the_top_choices_but_the_least_likely_of_them_as_often_as_asked
     assert 0 in {one_top(logits) for _ in range(100)}  # only one choice above: nothing cut
     a, b = (Sampler(SamplingParams(temperature=1.0, xtc_probability=0.5, seed=9)) for _ in range(2))
     assert [a(logits) for _ in range(50)] == [b(logits) for _ in range(50)]  # seeded, its draws included
+
+
+def _mirostat_reference(logits: np.ndarray, p: SamplingParams, draws: list[float]) -> list[int]:
+    """llama.cpp's mirostat v2 as its loop (candidates best first, truncated at the first too
+    surprising), with skippy's draw (in id order) over what is kept."""
+    mu, out = 2 * p.mirostat_tau, []
+    for u in draws:
+        x = logits.astype(np.float32) / np.float32(p.temperature)
+        w = np.exp(x - x.max())
+        prob = (w / w.sum(dtype=np.float64)).astype(np.float32)
+        ranked = sorted(range(x.size), key=lambda i: (-x[i], i))
+        size = next((n for n, i in enumerate(ranked) if -np.log2(prob[i]) > np.float32(mu)), len(ranked)) or 1
+        kept = np.sort(np.array(ranked[:size]))
+        index = sampling._draw(w[kept], u)
+        surprise = float(-np.log2(np.float32(w[kept[index]] / w[kept].sum(dtype=np.float64))))
+        mu = float(np.float32(mu - p.mirostat_eta * (surprise - p.mirostat_tau)))
+        out.append(int(kept[index]))
+    return out
+
+
+@given(spread_logits, st.integers(0, 2**32 - 1), st.sampled_from([0.5, 1.0, 1.5]), st.sampled_from([1.0, 3.0, 5.0]))
+@settings(max_examples=60, deadline=None)
+def test_mirostat_v2_is_llama_cpps_loop_and_its_mu_is_part_of_the_state(logits, seed, temperature, tau):
+    p = SamplingParams(temperature=temperature, mirostat=2, mirostat_tau=tau, mirostat_eta=0.3, seed=seed, top_k=2)
+    draws = list(np.random.default_rng(seed).random(30))
+    s = Sampler(p)  # top_k is ignored under mirostat, as in llama.cpp's chain
+    assert [s(logits) for _ in range(30)] == _mirostat_reference(logits, p, draws)
+    again = Sampler(p)
+    for _ in range(10):
+        again(logits)
+    saved = again.state()
+    after = [again(logits) for _ in range(5)]
+    again.restore(saved)
+    assert [again(logits) for _ in range(5)] == after
+
+
+def test_mirostat_v2_steers_the_surprise_by_tau():
+    """A higher target surprise draws less likely tokens (measured under the full softmax: mirostat
+    counts it under the truncated one); the exact arithmetic is the reference test's."""
+    logits = np.linspace(0, 40, 400).astype(np.float32)  # the likeliest at 3.4 bits, each next 0.14 bits more
+    w = np.exp(logits.astype(np.float64) - logits.max())
+    prob = w / w.sum()
+    means = []
+    for tau in (3.0, 6.0):
+        s = Sampler(SamplingParams(temperature=1.0, mirostat=2, mirostat_tau=tau, seed=4))
+        means.append(np.mean([-np.log2(prob[s(logits)]) for _ in range(600)][100:]))
+    plain = Sampler(SamplingParams(temperature=1.0, seed=4))
+    free = np.mean([-np.log2(prob[plain(logits)]) for _ in range(500)])
+    # 3 bits truncates (below the distribution's 4.6-bit entropy); 6 bits, above it, hardly does
+    assert 3.4 <= means[0] < means[1] - 0.3 and means[0] < free - 0.5 and abs(means[1] - free) < 0.3

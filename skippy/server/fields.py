@@ -73,7 +73,6 @@ NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "json_schema": lambda v: v == {},
     "store": lambda v: v is False,
     "modalities": lambda v: v == ["text"],
-    "mirostat": lambda v: v == 0 and is_int(v),
     "dry_multiplier": lambda v: is_num(v) and v == 0,
 }
 # known, accepted with no effect: metadata, and cache hints the prefix cache makes moot
@@ -82,7 +81,7 @@ NO_EFFECT = {"user", "metadata", "service_tier", "reasoning_effort", "cache_prom
 COMMON = {"model", "max_tokens", "n_predict", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "stream",
           "stream_options", "ignore_eos", "priority", "presence_penalty", "frequency_penalty", "repetition_penalty",
           "repeat_penalty", "repeat_last_n", "logit_bias", "n", "logprobs", "typical_p",
-          "xtc_probability", "xtc_threshold",  # llama-server's
+          "xtc_probability", "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta",  # llama-server's
           "min_tokens", "stop_token_ids", "include_stop_str_in_output"}  # vLLM's
 # structured output and tools: read by server.structured (known here, so never the neutral-only check;
 # tools stay neutral-only in completions)
@@ -190,6 +189,14 @@ def sampling(data: Mapping[str, Any]) -> dict[str, Any]:
     threshold = want(data, "xtc_threshold", lambda v: is_num(v) and 0 <= v <= 1, "a number in [0, 1]", 0.1)
     if xtc > 0:
         out["xtc_probability"], out["xtc_threshold"] = float(xtc), float(threshold)
+    mirostat = want(data, "mirostat", lambda v: is_int(v) and v in (0, 1, 2), "0, 1 or 2", 0)
+    if mirostat == 1:
+        raise bad_request("'mirostat' 1 (v1) is not supported by this server; mirostat 2 (v2) is", param="mirostat",
+                          code="unsupported_parameter")
+    tau = want(data, "mirostat_tau", lambda v: is_num(v) and v >= 0, "a number >= 0", 5.0)
+    eta = want(data, "mirostat_eta", lambda v: is_num(v) and v >= 0, "a number >= 0", 0.1)
+    if mirostat:
+        out.update(mirostat=2, mirostat_tau=float(tau), mirostat_eta=float(eta))
     for name in ("presence_penalty", "frequency_penalty"):
         v = want(data, name, lambda v: is_num(v) and -2 <= v <= 2, "a number in [-2, 2]")
         if v is not None:
