@@ -23,6 +23,7 @@ import numpy as np
 MIXES: dict[str, tuple[str, str]] = {
     "chat": ("short", "short"),  # short-in / short-out
     "rag": ("long", "short"),  # long-in / short-out (summarise, retrieval)
+    "rag512": ("mid", "short"),  # the prefill-heavy issue's 512-in variant of rag
     "gen": ("short", "long"),  # short-in / long-out (generation)
     "long": ("long", "long"),  # long-in / long-out
     "bimodal": ("short", "short"),  # chat, with a share of documents (Lengths.doc_in, doc_share)
@@ -36,6 +37,7 @@ class Lengths:
     """Token lengths of the mixes; `shared_fraction` of the input is the shared system prompt."""
 
     short_in: int = 128
+    mid_in: int = 512
     long_in: int = 1024
     short_out: int = 64
     long_out: int = 512
@@ -67,13 +69,13 @@ def workload_names() -> list[str]:
 
 
 def make_workload(name: str, lengths: Lengths = Lengths()) -> Workload:
-    """'chat', 'rag', 'gen', 'long', 'bimodal', each optionally with '-shared'."""
+    """'chat', 'rag', 'rag512', 'gen', 'long', 'bimodal', each optionally with '-shared'."""
     shared = name.endswith(SHARED_SUFFIX)
     mix = name[: -len(SHARED_SUFFIX)] if shared else name
     if mix not in MIXES:
         raise ValueError(f"unknown workload {name!r}; known: {', '.join(workload_names())}")
     i, o = MIXES[mix]
-    n_in = lengths.short_in if i == "short" else lengths.long_in
+    n_in = {"short": lengths.short_in, "mid": lengths.mid_in, "long": lengths.long_in}[i]
     n_out = lengths.short_out if o == "short" else lengths.long_out
     shared_len = int(n_in * lengths.shared_fraction) if shared else 0
     docs = (lengths.doc_in, lengths.doc_share) if mix in WITH_DOCS else (0, 0.0)

@@ -12,12 +12,15 @@ VOCAB = Vocab(normal_ids=tuple(range(10, 60)), bos=1)
 
 
 def test_mixes_and_lengths():
-    lengths = Lengths(short_in=32, long_in=128, short_out=8, long_out=64, shared_fraction=0.5)
-    assert [(w.input_len, w.output_len) for w in map(lambda n: make_workload(n, lengths), ("chat", "rag", "gen", "long"))] \
-        == [(32, 8), (128, 8), (32, 64), (128, 64)]
+    lengths = Lengths(short_in=32, mid_in=96, long_in=128, short_out=8, long_out=64, shared_fraction=0.5)
+    names = ("chat", "rag", "rag512", "gen", "long")
+    assert [(w.input_len, w.output_len) for w in map(lambda n: make_workload(n, lengths), names)] \
+        == [(32, 8), (128, 8), (96, 8), (32, 64), (128, 64)]
+    assert make_workload("rag512").input_len == 512 and make_workload("rag").input_len == 1024
     assert make_workload("chat", lengths).shared_len == 0
     assert make_workload("rag-shared", lengths).shared_len == 64
-    assert set(workload_names()) == {"chat", "chat-shared", "rag", "rag-shared", "gen", "gen-shared", "long",
+    assert set(workload_names()) == {"chat", "chat-shared", "rag", "rag-shared", "rag512", "rag512-shared", "gen",
+                                     "gen-shared", "long",
                                      "long-shared", "bimodal", "bimodal-shared"}
     with pytest.raises(ValueError):
         make_workload("nope")
