@@ -92,8 +92,9 @@ def test_constrained_rows_leave_the_vectorised_greedy_path_and_unconstrained_one
     held.constraint = _fake_grammar(rt, "[c-f]+").constraint()
     assert plain.greedy and not held.greedy
     assert sample_rows(logits, [plain, held]).tolist() == [1, 3]
-    # (history kept, picks counted, grammar state): the vectorised argmax took plain's row, nothing grammar-shaped
-    assert plain.state()[1:] == (0, 0, None)
+    # (rng, history kept, picks counted, mirostat's mu, grammar state): the vectorised argmax took plain's
+    # row, and nothing is grammar-shaped
+    assert plain.state()[1:3] == (0, 0) and plain.state()[-1] is None
 
 
 def test_grammars_that_cannot_compile_say_why():
