@@ -8,15 +8,17 @@ import trio
 
 import skippy
 
+pytestmark = pytest.mark.native
+
 
 async def _tokens(engine, prompt, **kw) -> tuple[list[int], str, str]:
     events = [e async for e in engine.generate(prompt, max_tokens=kw.pop("max_tokens", 64), **kw)]
     return [e.token for e in events if e.token is not None], "".join(e.text for e in events), events[-1].finish_reason
 
 
-async def test_min_tokens_and_stop_token_ids_on_smollm2(smollm2):
+async def test_min_tokens_and_stop_token_ids_on_smollm2(smollm2_path):
     with trio.fail_after(120):
-        async with skippy.open_engine(smollm2, n_ctx=1024, n_batch=128, threads=1) as engine:
+        async with skippy.open_engine(smollm2_path, n_ctx=1024, n_batch=128, threads=1) as engine:
             prompt = engine.chat_tokens([{"role": "user", "content": "Say hi in two words."}])
             plain, text, reason = await _tokens(engine, prompt)
             assert reason == "stop" and 2 <= len(plain) < 40, "the reference must end by itself"
