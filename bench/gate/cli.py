@@ -22,6 +22,7 @@ import trio
 from .engines import OLD, PEER, QUICK_ENGINES, STOCK
 from .gate import DEFAULTS, Thresholds, gate, render
 from .goodput_checks import goodput_checks
+from .headroom import headrooms
 from .matrix_cli import matrix_parser
 from .matrix_dir import is_matrix, load_matrix
 from .matrix_report import check_text, verdicts, write_matrix_report
@@ -129,9 +130,11 @@ def _check(args: argparse.Namespace) -> int:
         checks = goodput_checks(json.loads((args.results / "goodput.json").read_text()), dense=not args.not_dense)
         print(render(checks))
         return 0 if checks and all(c.passed for c in checks) else 1
-    meta, runs, _ = load_results(args.results)
+    meta, runs, batched = load_results(args.results)
     thresholds = _thresholds(args)
-    checks = gate(summaries(runs, _slo(args, meta)), args.at_n or 32, thresholds, args.workloads)
+    at_n = args.at_n or 32
+    checks = gate(summaries(runs, _slo(args, meta)), at_n, thresholds, args.workloads,
+                  headrooms=headrooms(meta, batched, at_n))
     print(render(checks))
     return 0 if checks and all(c.passed for c in checks) else 1
 

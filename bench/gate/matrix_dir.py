@@ -35,6 +35,7 @@ class ClassData:
     runs: tuple[RunResult, ...]
     overload: tuple[RunResult, ...]
     goodput: tuple[RunResult, ...] = ()  # open-loop Poisson (matrix_goodput.py)
+    batched: tuple[dict[str, Any], ...] = attrs.field(default=(), hash=False)  # its sweep's llama-batched-bench
 
 
 def load_goodput(base: Path) -> tuple[RunResult, ...]:
@@ -48,10 +49,10 @@ def load_matrix(path: Path) -> tuple[dict[str, Any], list[ClassData]]:
     out = []
     for entry in data["meta"]["classes"]:
         base = path / entry["dir"]
-        meta, runs = (load_results(base)[:2]) if (base / "results.json").exists() else (None, [])
+        meta, runs, batched = load_results(base) if (base / "results.json").exists() else (None, [], [])
         over = load_results(base / OVERLOAD_DIR)[1] if (base / OVERLOAD_DIR / "results.json").exists() else []
         good = load_goodput(base) if entry.get("goodput") else ()  # a stale goodput/ of a rerun class: not read
-        out.append(ClassData(entry, meta, tuple(runs), tuple(over), good))
+        out.append(ClassData(entry, meta, tuple(runs), tuple(over), good, tuple(batched)))
     return data, out
 
 

@@ -16,6 +16,7 @@ from .gate import DEFAULTS, Thresholds, render
 from .matrix_dir import GOODPUT_DIR, OVERLOAD_DIR, ClassData, engines_present, load_matrix
 from .matrix_goodput import goodput_lines
 from .metrics import Slo, run_summary
+from .headroom import headrooms
 from .verdict import ClassVerdict, SloScale, all_passed, class_verdict, ratio
 
 SUMMARY = "summary.md"
@@ -30,7 +31,8 @@ def verdicts(data: dict[str, Any], classes: Sequence[ClassData], thresholds: Map
     lanes = (meta.get("overload") or {}).get("lanes", 0)
     return [(c, class_verdict(c.entry["name"], c.runs, c.overload, lanes, at_n or c.entry["at_n"], thresholds, scale,
                               slo_override, workloads, goodput_runs=c.goodput,
-                              capacity=(c.entry.get("goodput") or {}).get("capacity"))) for c in classes]
+                              capacity=(c.entry.get("goodput") or {}).get("capacity"),
+                              headrooms=headrooms(c.meta, c.batched, at_n or c.entry["at_n"]))) for c in classes]
 
 
 def _x(v: float | None) -> str:

@@ -24,6 +24,7 @@ import attrs
 
 from .engines import FAST, NEW
 from .gate import PAIRS, Check, Key, Thresholds, gate, min_ratio_check
+from .headroom import Headroom
 from .metrics import Slo, Summary, run_summary
 from .records import RunResult
 
@@ -137,14 +138,15 @@ def poisson_goodput_checks(closed: Sequence[RunResult], poisson: Sequence[RunRes
 def class_verdict(name: str, runs: Sequence[RunResult], overload_runs: Sequence[RunResult], lanes: int, at_n: int,
                   thresholds: Mapping[str, Thresholds], scale: SloScale,
                   slo_override: Slo | None = None, workloads: Sequence[str] | None = None,
-                  goodput_runs: Sequence[RunResult] = (), capacity: float | None = None) -> ClassVerdict:
+                  goodput_runs: Sequence[RunResult] = (), capacity: float | None = None,
+                  headrooms: Mapping[str, Headroom] | None = None) -> ClassVerdict:
     """The gate's checks on every closed-loop workload at `at_n` under the scaled SLO (or
     `slo_override`), goodput from the Poisson runs where there are any, and each engine's
     overload counts."""
     names = list(dict.fromkeys([r.workload for r in runs if r.load.kind == "closed"]
                                + [r.workload for r in goodput_runs]))
     slos = {w: slo_override or scaled_slo(runs, w, scale) for w in names}
-    checks = gate(class_summaries(runs, slos), at_n, thresholds, workloads)
+    checks = gate(class_summaries(runs, slos), at_n, thresholds, workloads, headrooms=headrooms)
     goodput_name = f"goodput@N={at_n}"
     if (rate := top_rate(goodput_runs)) is not None:
         checks = [c for c in checks if c.name != goodput_name]

@@ -109,3 +109,37 @@ def test_sampling_fields_go_over_the_greedy_body_and_the_report_says_so():
     body = request_body("m", [1, 2], 8, sampled, 3)
     assert (body["temperature"], body["top_k"], body["seed"], body["prompt"]) == (1.0, 0, 10, [1, 2])
     assert _sampling_text(attrs.asdict(sampled)) == "every request sends temperature 1.0, top_k 0 (and its seed)"
+
+
+def test_the_p99_ttft_rule_trades_up_to_1_3x_for_itl_p99_within_a_quarter():
+    old = {1: summ(100), 32: summ(100, ttft_p99=100)}
+
+    def p99_ok(ttft: float, itl: float) -> bool:
+        new = {1: summ(100), 32: attrs.evolve(summ(300, ttft_p99=ttft), itl_p99_ms=itl)}
+        return verdicts(results(new, old))["p99 TTFT@N=32"]
+
+    assert p99_ok(100, 20) and not p99_ok(101, 20)  # no smoother than the reference's 20 ms: <= 1x
+    assert p99_ok(129, 5) and not p99_ok(131, 5)  # ITL p99 a quarter of it: up to 1.3x
+    assert not p99_ok(120, 5.1)  # just past the quarter: back to 1x
+    check = next(c for c in gate(results({1: summ(100), 32: summ(300)}, old), 32, TH) if c.name.startswith("p99"))
+    assert "1.3 x while ITL p99 <= 0.25 x" in check.requirement and "ITL p99 20 vs 20 ms" in check.requirement
+
+
+def test_the_2x_row_scales_with_the_measured_headroom_and_says_so():
+    from bench.gate.headroom import headroom, headrooms
+
+    entry = {"pp": 128, "tg": 64, "argv": ["llama-batched-bench", "-npl", "1,32"],
+             "rows": [{"pl": 1, "speed": 200.0}, {"pl": 32, "speed": 300.0}]}
+    h = headroom([{"pp": 1024, "tg": 64, "rows": []}, entry], 128, 64, 32)
+    assert h.h == pytest.approx(1.5) and h.command == "llama-batched-bench -npl 1,32"
+    assert headroom([entry], 128, 64, 64) is None and headroom([entry], 512, 64, 32) is None  # no such row / entry
+    meta = {"workloads": [{"name": "chat", "input_len": 128, "output_len": 64}]}
+    assert set(headrooms(meta, [entry], 32)) == {"chat"}
+    old = {1: summ(100), 32: summ(100)}
+    runs = results({1: summ(100), 32: summ(140)}, old)  # 1.4x single-lane
+    plain = {c.name: c for c in gate(runs, 32, TH)}
+    scaled = {c.name: c for c in gate(runs, 32, TH, headrooms={"chat": h})}
+    assert not plain["throughput@N=32"].passed and scaled["throughput@N=32"].passed  # needs min(2, 0.9 x 1.5)
+    assert "H = 1.50" in scaled["throughput@N=32"].requirement and "-npl 1,32" in scaled["throughput@N=32"].requirement
+    big = headroom([{**entry, "rows": [{"pl": 1, "speed": 100.0}, {"pl": 32, "speed": 900.0}]}], 128, 64, 32)
+    assert not {c.name: c for c in gate(runs, 32, TH, headrooms={"chat": big})}["throughput@N=32"].passed  # GPU: 2x
