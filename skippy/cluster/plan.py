@@ -32,8 +32,8 @@ BREAKER = ("--cb-timeout-duration-secs", "5")
 # cache_aware follows the longest cached prefix until the replicas' in-flight counts part by more
 # than both bounds. sglang's defaults (64 apart and 1.5x) suit GPU servers with hundreds of lanes;
 # a CPU replica runs a few, and under them a shared system prompt sent every new session to the
-# replica that saw it first (bench/results/replicas: 158 of 176 requests on one of four, TTFT p99
-# 29x the single replica's). Two in flight apart (and 1.5x) is a replica with a lane's worth more.
+# replica that saw it first (bench/results/replicas/NOTES.md: 158 of 176 requests on one of four,
+# TTFT p99 189 s against one replica's 70.8 s). Two in flight apart (and 1.5x) is a lane's worth more.
 BALANCE = ("--balance-abs-threshold", "2", "--balance-rel-threshold", "1.5")
 
 
