@@ -38,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.gate.gate import render  # noqa: E402
 from bench.gate.goodput_checks import goodput_checks  # noqa: E402
 from bench.gate.metrics import Slo  # noqa: E402
-from bench.gate.report import load_results, run_summary  # noqa: E402
+from bench.gate.report import has_results, load_results, read_results, run_summary  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIXED = Slo(2000.0, 200.0)
@@ -48,8 +48,7 @@ MEETS = 0.9  # SLO capacity: the share of requests within both targets
 
 def sweep(out: Path, args: argparse.Namespace, engines: list[str], extra: list[str], skippy_args: str = "") -> Path:
     """One `bench.gate sweep` into `out`, unless a complete one is there already."""
-    done = out / "results.json"
-    if done.exists() and json.loads(done.read_text()).get("complete"):
+    if has_results(out) and read_results(out).get("complete"):
         print(f"goodput: {out} done, kept", file=sys.stderr)
         return out
     argv = [sys.executable, "-m", "bench.gate", "sweep", "--out-dir", str(out.parent), "--name", out.name,
@@ -106,7 +105,7 @@ def report(out: Path, slos: dict[str, Slo], cap: float, rates: list[float], frac
                 src = own if name.startswith("skippy") else first
                 engine = "skippy" if name.startswith("skippy") else name
                 path = src if name != "skippy-shed" else out / f"rate-{rate:g}" / f"{key}-shed"
-                if not (path / "results.json").exists():
+                if not has_results(path):
                     continue
                 got = summaries(path, slo).get((engine, f"{rate:g} req/s"))
                 if got is None:

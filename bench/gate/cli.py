@@ -1,9 +1,10 @@
-"""python -m bench.gate {sweep,matrix,check,report}: run a sweep or the matrix, judge it, or redraw its report.
+"""python -m bench.gate {sweep,matrix,check,report,pack}: run a sweep or the matrix, judge it, or redraw its report.
 
     sweep   run engines x workloads x loads, write bench/results/<name>/ (JSON, summary.md, PNGs)
     matrix  a sweep, an overload and a goodput run per KV class, one verdict row per class (bench/gate/matrix.py)
     check   per-engine-pair verdicts over a results dir (per class for a matrix); exit 1 when new falls short
     report  rewrite summary.md and the plots from results.json (e.g. under another SLO)
+    pack    gzip finished results.json files before committing them (every reader takes either form)
 
 `sweep --quick` is the end-to-end smoke run (tiny synthetic model, N in {1, 4}, a few
 requests, skippy, single-lane and llama-server); every quick default can still be overridden
@@ -27,7 +28,7 @@ from .matrix_cli import matrix_parser
 from .matrix_dir import is_matrix, load_matrix
 from .matrix_report import check_text, verdicts, write_matrix_report
 from .metrics import Slo
-from .report import load_results, slo_of, summaries, write_report
+from .report import load_results, pack, slo_of, summaries, write_report
 from .sweep import run_sweep
 from .sweep_args import FULL, QUICK, RESULTS_ROOT, run_args, sweep_options, until_signal
 
@@ -89,7 +90,18 @@ def _parser() -> argparse.ArgumentParser:
     report.add_argument("results", type=Path)
     _slo_args(report)
     report.set_defaults(func=_report)
+    packer = sub.add_parser("pack", help="gzip each finished results.json under the given directories")
+    packer.add_argument("dirs", type=Path, nargs="+")
+    packer.add_argument("--min-kb", type=float, default=0.0, help="leave files smaller than this plain")
+    packer.set_defaults(func=_pack)
     return parser
+
+
+def _pack(args: argparse.Namespace) -> int:
+    for root in args.dirs:
+        for packed in pack(root, int(args.min_kb * 1024)):
+            print(packed)
+    return 0
 
 
 def _sweep(args: argparse.Namespace) -> int:

@@ -34,6 +34,7 @@ from .engines import FAST, NEW, PEER, STOCK
 from .matrix_dir import MATRIX_JSON, OVERLOAD_DIR
 from .matrix_goodput import chat_workload, run_goodput
 from .matrix_report import write_matrix_report
+from .report import has_results
 from .model import ModelSpec
 from .sweep import SweepOptions, _git_commit, run_sweep
 from .verdict import SloScale
@@ -152,7 +153,7 @@ def _merged(out: Path, meta: dict[str, Any]) -> dict[str, Any]:
     except (OSError, ValueError, KeyError):
         return meta
     now = {e["name"] for e in meta["classes"]}
-    kept = [e for e in earlier if e["name"] not in now and (out / e["dir"] / "results.json").exists()]
+    kept = [e for e in earlier if e["name"] not in now and has_results(out / e["dir"])]
     order = {name: i for i, name in enumerate(CLASS_NAMES)}
     meta["classes"] = sorted(kept + meta["classes"], key=lambda e: order.get(e["name"], len(order)))
     return meta
@@ -171,7 +172,7 @@ def earlier_matrix(out: Path, names: Sequence[str]) -> dict[str, Any]:
         data = json.loads((out / MATRIX_JSON).read_text())
     except (OSError, ValueError) as e:
         raise SystemExit(f"bench: --goodput-only needs an earlier matrix in {out}: {e}") from e
-    have = {e["name"] for e in data["meta"]["classes"] if (out / e["dir"] / "results.json").exists()}
+    have = {e["name"] for e in data["meta"]["classes"] if has_results(out / e["dir"])}
     if missing := [n for n in names if n not in have]:
         raise SystemExit(f"bench: --goodput-only: no closed-loop results for {', '.join(missing)} in {out}")
     return data

@@ -25,7 +25,7 @@ from .matrix import (
     run_matrix,
 )
 from .matrix_goodput import GOODPUT_FRACTIONS, as_swept
-from .report import RESULTS
+from .report import read_results
 from .sweep import SweepOptions
 from .sweep_args import FULL, QUICK, RESULTS_ROOT, run_args, sweep_options, until_signal
 from .verdict import SloScale
@@ -131,7 +131,7 @@ def matrix_options(args: argparse.Namespace) -> MatrixOptions:
 def _as_swept(sweep: SweepOptions, args: argparse.Namespace) -> SweepOptions:
     """--goodput-only: the class's sweep as its results.json ran it, but for what is given here."""
     try:
-        meta = json.loads((sweep.out / RESULTS).read_text())["meta"]
+        meta = read_results(sweep.out)["meta"]
     except (OSError, ValueError, KeyError) as e:
         raise SystemExit(f"bench: --goodput-only needs the closed-loop results in {sweep.out}: {e}") from e
     return as_swept(sweep, meta, [k for k in ("engines", "workloads", "n_ctx", "threads", "n_batch")

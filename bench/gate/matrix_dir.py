@@ -15,7 +15,7 @@ import attrs
 
 from .engines import FAST, NEW, OLD, PEER, STOCK
 from .records import RunResult
-from .report import RESULTS, load_results
+from .report import has_results, load_results
 
 MATRIX_JSON = "matrix.json"
 OVERLOAD_DIR = "overload"
@@ -40,7 +40,7 @@ class ClassData:
 
 def load_goodput(base: Path) -> tuple[RunResult, ...]:
     """The goodput run's records of a class directory (none when it never ran)."""
-    return tuple(load_results(base / GOODPUT_DIR)[1]) if (base / GOODPUT_DIR / RESULTS).exists() else ()
+    return tuple(load_results(base / GOODPUT_DIR)[1]) if has_results(base / GOODPUT_DIR) else ()
 
 
 def load_matrix(path: Path) -> tuple[dict[str, Any], list[ClassData]]:
@@ -49,8 +49,8 @@ def load_matrix(path: Path) -> tuple[dict[str, Any], list[ClassData]]:
     out = []
     for entry in data["meta"]["classes"]:
         base = path / entry["dir"]
-        meta, runs, batched = load_results(base) if (base / "results.json").exists() else (None, [], [])
-        over = load_results(base / OVERLOAD_DIR)[1] if (base / OVERLOAD_DIR / "results.json").exists() else []
+        meta, runs, batched = load_results(base) if has_results(base) else (None, [], [])
+        over = load_results(base / OVERLOAD_DIR)[1] if has_results(base / OVERLOAD_DIR) else []
         good = load_goodput(base) if entry.get("goodput") else ()  # a stale goodput/ of a rerun class: not read
         out.append(ClassData(entry, meta, tuple(runs), tuple(over), good, tuple(batched)))
     return data, out

@@ -7,6 +7,7 @@ the records so a different SLO can be applied afterwards.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 from pathlib import Path
@@ -20,6 +21,7 @@ from .plots import write_plots
 from .records import RunResult
 
 RESULTS = "results.json"
+PACKED = RESULTS + ".gz"
 SUMMARY = "summary.md"
 
 
@@ -59,11 +61,47 @@ def write_results(out: Path, results: dict[str, Any], runs: Sequence[RunResult],
         write_report(out, results["meta"], runs, results.get("batched_bench", []), slo)
 
 
+def results_file(path: Path) -> Path | None:
+    """A directory's results.json, or its packed form (results.json.gz: how a committed run stays
+    small; a sweep writes the plain file, `pack` compresses it); None when it has neither."""
+    if not path.is_dir():
+        return path if path.exists() else None
+    return next((f for f in (path / RESULTS, path / PACKED) if f.exists()), None)
+
+
+def has_results(path: Path) -> bool:
+    return results_file(path) is not None
+
+
+def read_results(path: Path) -> dict[str, Any]:
+    """The parsed results.json of a directory (plain or packed), or of a results.json(.gz) path."""
+    file = results_file(path)
+    if file is None:
+        raise FileNotFoundError(f"no {RESULTS} or {PACKED} in {path}")
+    raw = gzip.decompress(file.read_bytes()) if file.suffix == ".gz" else file.read_bytes()
+    return json.loads(raw)
+
+
 def load_results(path: Path) -> tuple[dict[str, Any], list[RunResult], list[dict[str, Any]]]:
     """(meta, runs, batched-bench entries) of a results directory (or a results.json path)."""
-    file = path / RESULTS if path.is_dir() else path
-    data = json.loads(file.read_text())
+    data = read_results(path)
     return data["meta"], [RunResult.from_json(r) for r in data["runs"]], data.get("batched_bench", [])
+
+
+def pack(root: Path, min_bytes: int = 0) -> list[Path]:
+    """Compress each complete results.json under `root` of at least `min_bytes` into results.json.gz
+    (mtime 0, so packing again gives the same bytes); an incomplete one stays plain so its sweep can
+    still resume. Returns the packed files."""
+    done = []
+    for plain in sorted(root.rglob(RESULTS)):
+        raw = plain.read_bytes()
+        if len(raw) < min_bytes or not json.loads(raw).get("complete", True):
+            continue
+        packed = plain.with_name(PACKED)
+        packed.write_bytes(gzip.compress(raw, 9, mtime=0))
+        plain.unlink()
+        done.append(packed)
+    return done
 
 
 def slo_of(meta: dict[str, Any]) -> Slo:

@@ -93,6 +93,12 @@ async def test_quick_sweep_end_to_end(quick_results: Path):
     assert "ttft ≤ 0.001 ms" in (quick_results / "summary.md").read_text()
     assert os.path.getsize(quick_results / "chat-closed.png") > 10_000
 
+    packed = await bench("pack", str(quick_results), budget=60)  # how a run is committed: gzipped, read as it was
+    assert packed.returncode == 0 and packed.stdout.decode().split() == [str(quick_results / "results.json.gz")]
+    assert not (quick_results / "results.json").exists()
+    again = await bench("check", str(quick_results), *lenient, budget=60)
+    assert again.returncode == 0 and again.stdout.decode() == out
+
 
 async def test_rounds_interleave_engines_and_pool_their_requests(tmp_path: Path):
     """--rounds 2 at N=1 only: each engine's server runs twice, in A B / B A order, one pooled row each;
