@@ -84,6 +84,14 @@ def targets(slo: Slo) -> str:
     return f"--ttft-slo-ms {slo.ttft_ms:g} --tpot-slo-ms {slo.tpot_ms:g}"
 
 
+def _commit(out: Path) -> str:
+    """The tree the runs ran on, as their first sweep (n1/) recorded it."""
+    try:
+        return str(read_results(out / "n1")["meta"]["git_commit"])[:7]
+    except (OSError, ValueError, KeyError):
+        return "unknown"
+
+
 def met_share(run: Any, slo: Slo) -> float:
     from bench.gate.metrics import meets_slo
 
@@ -124,6 +132,7 @@ def report(out: Path, slos: dict[str, Slo], cap: float, rates: list[float], frac
              f"Capacity {cap:.3g} req/s (closed loop at N=32, median over the engines but single-lane). "
              + "; ".join(f"{k} SLO: TTFT <= {v.ttft_ms:g} ms, TPOT <= {v.tpot_ms:g} ms" for k, v in slos.items())
              + ". skippy is told the SLO it is scored on; the others know no targets.", "",
+             f"Command: `{' '.join(['python', 'bench/goodput.py', *sys.argv[1:]])}`; commit {_commit(out)}.", "",
              "| rate req/s | x capacity | " + " | ".join(f"{n} ({k})" for k in slos for n in names) + " |",
              "|---|---|" + "---|" * (len(names) * len(slos))]
     for rate, f in zip(rates, fractions):
