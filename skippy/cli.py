@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from loguru import logger
@@ -250,7 +251,42 @@ def _serve(args: argparse.Namespace) -> int:
     config = _serve_config(args)
     if args.require_invariant:  # run the self-check (or read its verdict); refuse a model that fails it
         config["verify_invariance"] = "require"
-    return _serve_engine(args, lambda: open_engine(model, **config), args.host, args.port)
+    decision = _scheduler(args, model)
+    if decision.scheduler == "single-lane":
+        config["n_seq_max"] = 1  # the engine before cutover: one sequence at a time, the rest wait in line
+    return _serve_engine(args, lambda: open_engine(model, **config), args.host, args.port,
+                         startup=[decision.line()])
+
+
+def _scheduler(args: argparse.Namespace, model: Path):
+    """`--scheduler` resolved by the cutover switch (skippy.cutover); a corrupt verdict file fails
+    here, before the port is bound."""
+    from .cutover import resolve
+    from .native._gguf_check import check_gguf
+
+    decision = resolve(args.scheduler, model, check_gguf(model), args.threads, args.n_gpu_layers)
+    logger.info("{}", decision.line())
+    return decision
+
+
+def _gate(args: argparse.Namespace) -> int:
+    """The CI-sized cutover gate on this machine (skippy._gate): 0 PASS, 1 FAIL, 2 error; the verdict
+    is stored where `skippy serve --scheduler auto` reads it."""
+    from ._gate import run_gate
+    from .cutover import store_verdict, verdict_summary
+    from .native import ensure_built
+    from .native._gguf_check import check_gguf
+
+    ensure_built(progress=False)
+    model = _resolve_checked(args)
+    say = (lambda line: None) if args.quiet else (lambda line: print(f"skippy gate: {line}", file=sys.stderr,
+                                                                     flush=True))
+    verdict = run_gate(model, check_gguf(model), threads=args.threads, sessions=args.sessions,
+                       max_tokens=args.max_tokens, rounds=args.rounds, say=say)
+    path = store_verdict(verdict)
+    for line in verdict_summary(verdict, path):
+        print(line)
+    return 0 if verdict.passed else 1
 
 
 def _alias(args: argparse.Namespace) -> str | None:
@@ -270,10 +306,10 @@ def _api_keys(args: argparse.Namespace) -> list[str]:
     return keys
 
 
-def _serve_engine(args: argparse.Namespace, opener, host: str, port: int) -> int:
+def _serve_engine(args: argparse.Namespace, opener, host: str, port: int, startup: Sequence[str] = ()) -> int:
     """Serve the OpenAI API over the engine `opener()` opens, until SIGINT/SIGTERM. The port is bound
     first: while the model loads every route answers 503 (server.loading), so a router or a readiness
-    probe sees a replica that is loading, not one that is gone."""
+    probe sees a replica that is loading, not one that is gone. `startup`: lines said once it serves."""
     import trio
 
     from .server import HttpLimits, LoadingGate, create_app, default_model_names, serve_app, wait_for_signal
@@ -303,6 +339,8 @@ def _serve_engine(args: argparse.Namespace, opener, host: str, port: int) -> int
                     gate.open(create_app(engine, model_names=names, api_keys=keys, inline_writes=args.inline_writes))
                     print(f"skippy: serving {names[0]} on {', '.join(binds)} (Ctrl-C to stop)", file=sys.stderr,
                           flush=True)
+                    for line in startup:
+                        print(f"skippy: {line}", file=sys.stderr, flush=True)
                     if (targets := engine.latency_targets()) is not None:
                         print(f"skippy: latency targets: {targets}", file=sys.stderr, flush=True)
                     await served.wait()
@@ -639,9 +677,24 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--require-invariant", action="store_true",
                        help="run the batch-invariance self-check first (or read its cached verdict) and refuse "
                             "to serve a model that fails it (exit 2)")
+    serve.add_argument("--scheduler", choices=("auto", "batched", "single-lane"), default="auto",
+                       help="batched (continuous batching), single-lane (one sequence at a time: the engine before "
+                            "cutover), or auto (default): batched where the model's class passed the cutover gate "
+                            "(`skippy gate`'s verdict for this model here, else the shipped table), single-lane "
+                            "otherwise; the startup line says which and why")
     _add_tls_options(serve, "serve HTTPS with this certificate", links=False)
     _add_gpu_option(serve)
     serve.set_defaults(func=_serve)
+
+    gate = sub.add_parser("gate", help="a CI-sized cutover gate for a model on this machine; writes the verdict "
+                                       "`serve --scheduler auto` honours (exit 0 PASS, 1 FAIL, 2 error)")
+    _add_model_options(gate)
+    gate.add_argument("--threads", type=int, default=2, help="threads (as the server will run; part of the verdict)")
+    gate.add_argument("--sessions", type=int, default=8, help="concurrent sessions of the throughput row (N)")
+    gate.add_argument("--max-tokens", type=int, default=48, help="tokens per session")
+    gate.add_argument("--rounds", type=int, default=2, help="interleaved rounds per engine; the median counts")
+    gate.add_argument("--quiet", action="store_true", help="no progress lines")
+    gate.set_defaults(func=_gate)
 
     check = sub.add_parser("check", help="self-check: N concurrent sequences give the same logits bits as alone "
                                          "(exit 0 identical, 1 not identical, 2 error)")

@@ -97,7 +97,8 @@ def server_argv(engine: str, cfg: ServerConfig, port: int | str, slots: int | st
                 "--port", str(port), "--threads", str(cfg.threads), "--n-ctx", str(cfg.n_ctx),
                 "--n-batch", str(cfg.n_batch), "--shutdown-deadline", "2"]
         argv += ["--no-batch-invariant"] if engine == FAST else []
-        return argv + list(cfg.skippy_extra) + (["--n-seq-max", "1"] if engine == OLD else [])
+        # the gate compares the two schedulers: each asked for by name, never left to the switch it judges
+        return argv + list(cfg.skippy_extra) + ["--scheduler", "single-lane" if engine == OLD else "batched"]
     if engine in LLAMA_ENGINES:
         return [str(tools.server(engine)), "-m", str(cfg.model.path), "--host", "127.0.0.1", "--port", str(port),
                 "-c", str(cfg.n_ctx), "-np", str(slots), "-kvu", "-t", str(cfg.threads), "-tb", str(cfg.threads),

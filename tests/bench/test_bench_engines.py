@@ -25,7 +25,8 @@ def test_skippy_fast_is_skippy_without_batch_invariance():
         argv = server_argv(engine, CFG, 8000, 4, TOOLS)
         at = argv.index("--tpot-target-ms")
         assert argv[at + 1] == "50" and argv.index("--no-batch-invariant" if engine == "skippy-fast" else "serve") < at
-    assert server_argv("single-lane", CFG, 8000, 4, TOOLS)[-2:] == ["--n-seq-max", "1"]
+    assert server_argv("single-lane", CFG, 8000, 4, TOOLS)[-2:] == ["--scheduler", "single-lane"]
+    assert skippy[-2:] == fast[-2:] == ["--scheduler", "batched"]  # never left to the switch the gate judges
 
 
 def test_stock_server_has_llama_servers_arguments_on_the_stock_binary():
