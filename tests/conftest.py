@@ -56,3 +56,16 @@ def small_ctx(llama_model):
 
     with Context(llama_model, ContextOptions(n_ctx=256, n_batch=64, n_ubatch=64, n_seq_max=4, threads=1)) as ctx:
         yield ctx
+
+
+@pytest.fixture
+def private_cache(tmp_path, monkeypatch):
+    """A cache root of our own for verdicts (inherited by subprocesses), sharing the real native
+    build and models through symlinks."""
+    from skippy._cache import cache_root
+
+    real = cache_root()
+    for name in ("native", "models"):
+        (tmp_path / name).symlink_to(real / name, target_is_directory=True)
+    monkeypatch.setenv("SKIPPY_CACHE", str(tmp_path))
+    return tmp_path

@@ -64,7 +64,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def serve_args(args: argparse.Namespace) -> tuple[str, ...]:
     model = ["--family", args.family] if args.family else (["--model", args.model] if args.model else [])
-    return (*model, "--n-ctx", str(args.n_ctx), "--prefix-slots", str(args.prefix_slots))
+    # replicas batched by name, as the committed run measured them, never left to the cutover switch
+    return (*model, "--n-ctx", str(args.n_ctx), "--prefix-slots", str(args.prefix_slots), "--scheduler", "batched")
 
 
 def cells(args: argparse.Namespace) -> list[Cell]:

@@ -15,7 +15,6 @@ import trio
 
 import skippy
 from skippy import check
-from skippy._cache import cache_root
 from skippy._lockstep import Result
 from skippy.models.synth import FAMILIES
 from skippy.server.metrics import ServerMetrics
@@ -26,14 +25,8 @@ ONE_THREAD = {"threads": 1}  # two cores: one thread each keeps llama.cpp's spin
 
 
 @pytest.fixture
-def check_cache(tmp_path, monkeypatch):
-    """A cache root of our own for verdicts (inherited by subprocesses), sharing the real native
-    build and models through symlinks."""
-    real = cache_root()
-    for name in ("native", "models"):
-        (tmp_path / name).symlink_to(real / name, target_is_directory=True)
-    monkeypatch.setenv("SKIPPY_CACHE", str(tmp_path))
-    return tmp_path / "checks"
+def check_cache(private_cache):
+    return private_cache / "checks"
 
 
 @pytest.mark.parametrize("family", FAMILIES)

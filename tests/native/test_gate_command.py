@@ -12,21 +12,14 @@ import attrs
 import pytest
 
 from skippy import cli, cutover
-from skippy._cache import cache_root
 from skippy.check import build_id, file_sha256
 
 pytestmark = pytest.mark.native
 
 
 @pytest.fixture
-def gate_cache(tmp_path, monkeypatch):
-    """A cache root of our own for verdicts (inherited by subprocesses), sharing the real native
-    build and models through symlinks."""
-    real = cache_root()
-    for name in ("native", "models"):
-        (tmp_path / name).symlink_to(real / name, target_is_directory=True)
-    monkeypatch.setenv("SKIPPY_CACHE", str(tmp_path))
-    return tmp_path / "gate"
+def gate_cache(private_cache):
+    return private_cache / "gate"
 
 
 def _skippy(*args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -97,7 +90,7 @@ def test_serve_refuses_a_corrupt_verdict_file_in_one_line(synth_model_path, gate
     assert "Traceback" not in run.stderr and "serving" not in run.stderr
     assert run.stderr.strip().splitlines() == [
         f"skippy: error: {where} is not a gate verdict (JSONDecodeError: Unterminated string starting at: line 1 "
-        "column 19 (char 18)); delete it or run `skippy gate` again"], run.stderr
+        "column 18 (char 17)); delete it or run `skippy gate` again"], run.stderr
     # an explicit --scheduler does not read it
     _, said = _served_config(monkeypatch, "--family", "llama", "--threads", "1", "--scheduler", "batched")
     assert said == ["scheduler: batched (asked for with --scheduler)"]
