@@ -83,7 +83,9 @@ async def test_quick_sweep_end_to_end(quick_results: Path):
     out = ok.stdout.decode()
     assert ok.returncode == 0, out + ok.stderr.decode()
     assert "skippy vs single-lane: PASS" in out and "skippy vs llama-server: PASS" in out
-    strict = await bench("check", str(quick_results), *lenient, "--vs-single-lane-throughput", "1000", budget=60)
+    # goodput, not throughput: the throughput row asks min(ratio, 0.9 x H), so no ratio makes it fail
+    # where skippy already beats 0.9 x H (1.57x vs 1.56x needed on an AVX-512 box)
+    strict = await bench("check", str(quick_results), *lenient, "--vs-single-lane-goodput", "1000", budget=60)
     assert strict.returncode == 1 and "skippy vs single-lane: FAIL" in strict.stdout.decode()
     missing = await bench("check", str(quick_results), budget=60)  # default N=32 was not swept
     assert missing.returncode == 1
