@@ -7,6 +7,8 @@ Per SLO (scaled, fixed), with skippy told the SLO it is scored on:
   no collapse         skippy's goodput at the top rate (1.5x) >= NO_COLLAPSE x its own at 1.0x;
                       with --shed-late (skippy-shed) >= NO_COLLAPSE_SHED x
   no failures         skippy failed no request at any rate (shed ones are refusals, counted apart)
+  p99 TTFT@<f>x       at every rate <= 1.0x capacity, skippy's p99 TTFT <= 1.0x each llama-server's
+                      (the gate issue's ruling on open-loop Poisson; past capacity only goodput counts)
 A check whose figures are missing fails, as in the gate: absent evidence never passes.
 """
 
@@ -19,6 +21,8 @@ from .gate import Check
 LEAD = 1.2
 CAPACITY_VS_PEER = {True: 1.3, False: 1.0}  # (dense, other classes)
 NO_COLLAPSE, NO_COLLAPSE_SHED = 0.8, 0.9
+LLAMA_SERVERS = ("llama-server", "llama-server-stock")
+TTFT_UP_TO = 1.0  # the p99 TTFT rule holds at offered rates up to this x capacity
 
 
 def _cell(table: dict[str, Any], rate: str, engine: str, slo: str) -> dict[str, Any] | None:
@@ -51,6 +55,8 @@ def goodput_checks(table: dict[str, Any], dense: bool = True) -> list[Check]:
                 checks.append(Check("best other", slo, f"lead@{f:.2g}x", ok, good, best, f">= {LEAD}x"))
             if mine is not None:
                 checks.append(Check("-", slo, f"no failures@{f:.2g}x", mine["failed"] == 0, mine["failed"], 0, "0"))
+            if round(f, 2) <= TTFT_UP_TO:
+                checks += _ttft_checks(table, rate, f, slo, others)
         caps = table["slo_capacity"]
         for ref in others:
             need = CAPACITY_VS_PEER[dense] if ref == "llama-server" else 1.0
@@ -68,3 +74,16 @@ def goodput_checks(table: dict[str, Any], dense: bool = True) -> list[Check]:
             checks.append(Check("skippy@1x", slo, f"no collapse ({engine})", ok, high and high["goodput"],
                                 base and base["goodput"], f">= {need}x"))
     return checks
+
+
+def _ttft_checks(table: dict[str, Any], rate: str, f: float, slo: str, others: list[str]) -> list[Check]:
+    """skippy's p99 TTFT <= each llama-server's at one rate; a missing figure fails."""
+    mine = _cell(table, rate, "skippy", slo)
+    new = mine and mine.get("ttft_p99_ms")
+    out = []
+    for ref in (e for e in others if e in LLAMA_SERVERS):
+        theirs = _cell(table, rate, ref, slo)
+        old = theirs and theirs.get("ttft_p99_ms")
+        ok = new is not None and old is not None and new <= old
+        out.append(Check(ref, slo, f"p99 TTFT@{f:.2g}x", ok, new, old, "p99 TTFT ms <= 1x (Poisson, <= 1.0x capacity)"))
+    return out

@@ -12,7 +12,8 @@ Goodput is judged on open-loop Poisson runs where the class has them (matrix_goo
 the highest rate (a fraction of the class's capacity) every engine sees the same arrivals, so
 the check says who keeps requests within the SLO near capacity. The closed-loop goodput at N*
 says nothing there (every engine is past capacity, goodput ~0 for all); it stays the check only
-for directories without Poisson runs.
+for directories without Poisson runs. At every Poisson rate up to 1.0x capacity, p99 TTFT must
+also be <= 1.0x each llama-server's (the gate issue's ruling; past capacity goodput alone counts).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Iterable, Mapping, Sequence
 
 import attrs
 
-from .engines import FAST, NEW
+from .engines import FAST, NEW, PEER, STOCK
 from .gate import PAIRS, Check, Key, Thresholds, gate, min_ratio_check
 from .headroom import Headroom
 from .metrics import Slo, Summary, run_summary
@@ -135,6 +136,32 @@ def poisson_goodput_checks(closed: Sequence[RunResult], poisson: Sequence[RunRes
                             what) for new, ref in PAIRS if new in present and ref in present and ref in thresholds]
 
 
+def poisson_ttft_checks(closed: Sequence[RunResult], poisson: Sequence[RunResult], slos: Mapping[str, Slo | None],
+                        capacity: float | None, up_to: float = 1.0) -> list[Check]:
+    """Per pair against a llama-server whose engines the class ran, p99 TTFT <= 1.0x at each Poisson
+    rate <= `up_to` x capacity; none without a capacity (no fraction to judge by). A pair whose
+    engine lacks the run fails."""
+    present = {r.engine for r in closed} | {r.engine for r in poisson}
+    if not capacity:
+        return []
+    by_rate: dict[float, dict[str, Summary]] = {}
+    for r in poisson:
+        if r.load.kind == "poisson" and r.load.rate and round(r.load.rate / capacity, 2) <= up_to:
+            by_rate.setdefault(r.load.rate, {})[r.engine] = run_summary(r, slos.get(r.workload) or Slo())
+    workload = next((r.workload for r in poisson), "")
+    checks = []
+    for rate, got in sorted(by_rate.items()):
+        name = f"p99 TTFT@{round(rate / capacity, 2):g}x capacity"
+        for new, ref in PAIRS:
+            if ref not in (PEER, STOCK) or not {new, ref} <= present:
+                continue
+            n, o = got.get(new), got.get(ref)
+            a, b = n and n.ttft_p99_ms, o and o.ttft_p99_ms
+            checks.append(Check(ref, workload, name, a is not None and b is not None and a <= b, a, b,
+                                f"p99 TTFT ms <= 1 x reference at {rate:g} req/s Poisson", new))
+    return checks
+
+
 def class_verdict(name: str, runs: Sequence[RunResult], overload_runs: Sequence[RunResult], lanes: int, at_n: int,
                   thresholds: Mapping[str, Thresholds], scale: SloScale,
                   slo_override: Slo | None = None, workloads: Sequence[str] | None = None,
@@ -151,6 +178,7 @@ def class_verdict(name: str, runs: Sequence[RunResult], overload_runs: Sequence[
     if (rate := top_rate(goodput_runs)) is not None:
         checks = [c for c in checks if c.name != goodput_name]
         checks += poisson_goodput_checks(runs, goodput_runs, slos, thresholds, capacity, workloads)
+        checks += poisson_ttft_checks(runs, goodput_runs, slos, capacity)
         goodput_name = goodput_check_name(rate, capacity)
     return ClassVerdict(name, at_n, tuple(checks), tuple(overload_counts(r, lanes) for r in overload_runs), slos,
                         goodput_name)

@@ -189,9 +189,17 @@ def test_poisson_goodput_at_the_highest_rate_replaces_the_closed_loop_check():
                              goodput_runs=good, capacity=cap)
 
     refs = [poisson(e, r, 0.1) for e in ("single-lane", "llama-server") for r in (1.0, 2.0)]
-    good = verdict([poisson("skippy", 1.0, 5.0), poisson("skippy", 2.0, 0.1)] + refs)  # only 2 req/s counts
+    # skippy misses the SLO at 1 req/s: goodput is judged at the top rate only, p99 TTFT at every rate <= 1x
+    late = verdict([poisson("skippy", 1.0, 5.0), poisson("skippy", 2.0, 0.1)] + refs)
+    assert {c.name for c in late.checks if not c.passed} == {"p99 TTFT@0.5x capacity"}
+    assert {c.reference for c in late.checks if c.name.endswith("x capacity") and "TTFT" in c.name} == {"llama-server"}
+    good = verdict([poisson("skippy", 1.0, 0.1), poisson("skippy", 2.0, 0.1)] + refs)
     names = {c.name for c in good.checks}
     assert good.passed and good.goodput_name == "goodput@1x capacity" and "goodput@N=4" not in names
+    assert {"p99 TTFT@0.5x capacity", "p99 TTFT@1x capacity"} <= names
+    past = verdict([poisson("skippy", 3.0, 0.1), poisson("llama-server", 3.0, 0.1), poisson("skippy", 2.0, 0.1),
+                    poisson("llama-server", 2.0, 0.1), poisson("single-lane", 3.0, 0.1)])
+    assert "p99 TTFT@1.5x capacity" not in {c.name for c in past.checks}  # past capacity: goodput alone
     assert [(c.reference, c.new, c.ref) for c in good.checks if c.name == good.goodput_name] == [
         ("single-lane", 4.0, 4.0), ("llama-server", 4.0, 4.0)]
     slow = verdict([poisson("skippy", 1.0, 0.1), poisson("skippy", 2.0, 5.0)] + refs)  # TTFT past the 1 s SLO

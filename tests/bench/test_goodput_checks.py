@@ -9,12 +9,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench.gate.goodput_checks import goodput_checks  # noqa: E402
 
 
-def table(skippy: dict, peer: dict, shed: dict | None = None, caps=(1.2, 0.8)) -> dict:
-    """Rates 1.0 / 1.2 / 1.5 (capacity 1.0); goodput per rate for skippy and llama-server, one SLO."""
+def table(skippy: dict, peer: dict, shed: dict | None = None, caps=(1.2, 0.8), ttft=(900.0, 1000.0)) -> dict:
+    """Rates 1.0 / 1.2 / 1.5 (capacity 1.0); goodput per rate for skippy and llama-server, one SLO;
+    `ttft`: their p99 TTFT ms at every rate."""
     rows = {}
     for rate in ("1", "1.2", "1.5"):
-        rows[rate] = {"skippy": {"fixed": {"goodput": skippy[rate], "failed": 0, "met": 0.9}},
-                      "llama-server": {"fixed": {"goodput": peer[rate], "failed": 0, "met": 0.5}}}
+        rows[rate] = {"skippy": {"fixed": {"goodput": skippy[rate], "failed": 0, "met": 0.9, "ttft_p99_ms": ttft[0]}},
+                      "llama-server": {"fixed": {"goodput": peer[rate], "failed": 0, "met": 0.5,
+                                                 "ttft_p99_ms": ttft[1]}}}
         if shed:
             rows[rate]["skippy-shed"] = {"fixed": {"goodput": shed[rate], "failed": 0, "met": 0.9}}
     return {"capacity_req_s": 1.0, "slos": {"fixed": [2000, 200]}, "rates": rows,
@@ -30,7 +32,8 @@ def test_a_clear_win_passes_every_check():
                                   shed={"1": 0.9, "1.2": 0.9, "1.5": 0.88}))
     assert checks and all(c.passed for c in checks), [c for c in checks if not c.passed]
     assert {"goodput@1x", "lead@1x", "lead@1.2x", "SLO capacity", "no collapse (skippy)",
-            "no collapse (skippy-shed)"} <= set(by_name(checks))
+            "no collapse (skippy-shed)", "p99 TTFT@1x"} <= set(by_name(checks))
+    assert "p99 TTFT@1.2x" not in by_name(checks)  # past capacity only goodput is judged
 
 
 def test_each_shortfall_fails_its_own_check():
@@ -57,3 +60,13 @@ def test_missing_figures_fail():
     got = goodput_checks(t)
     assert not all(c.passed for c in got)
     assert any(c.name == "goodput@1.2x" and not c.passed for c in got)
+
+
+def test_p99_ttft_up_to_capacity_must_not_exceed_llama_servers():
+    wins = {"1": 0.9, "1.2": 0.9, "1.5": 0.9}
+    slower = by_name(goodput_checks(table(wins, {"1": 0.5, "1.2": 0.5, "1.5": 0.5}, ttft=(1001.0, 1000.0))))
+    assert not slower["p99 TTFT@1x"].passed and slower["p99 TTFT@1x"].new == 1001.0
+    assert slower["lead@1x"].passed  # goodput alone does not excuse a slower p99 TTFT
+    t = table(wins, {"1": 0.5, "1.2": 0.5, "1.5": 0.5})
+    del t["rates"]["1"]["llama-server"]["fixed"]["ttft_p99_ms"]
+    assert not by_name(goodput_checks(t))["p99 TTFT@1x"].passed  # absent evidence fails
