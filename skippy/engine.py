@@ -19,6 +19,7 @@ import numpy as np
 import trio
 from loguru import logger
 
+from ._dry import table_pairs
 from ._plan import pool_cells
 from .actors._mail import Tap, deliver, poke
 from .actors.admission import AdmissionActor
@@ -40,6 +41,8 @@ from .scheduling.budget import TokenBudget
 from .scheduling.slo import SloPolicy, check_target, reference_ttft
 from .scheduling.step import StepScheduler
 from .telemetry import EngineStats, StepReport, make_stats
+
+BREAKER_TABLES = 16  # DRY breaker lists whose tables an engine keeps (a client cannot grow it past this)
 
 
 @attrs.frozen(kw_only=True)
@@ -377,6 +380,7 @@ class Engine:
         self._live: dict[int, tuple[Request, trio.MemorySendChannel]] = {}
         self._closed = False
         self._eog_ids: np.ndarray | None = None  # the vocabulary's end-of-generation ids (min_tokens)
+        self._breakers: dict[tuple[str, ...], tuple] = {}  # DRY's breaker tables, per breaker list
         self._runtime_tx, runtime_rx = trio.open_memory_channel(math.inf)
         self._composer_tx, composer_rx = trio.open_memory_channel(math.inf)
         self.worker = Worker()
@@ -387,6 +391,24 @@ class Engine:
         self._preemption = PreemptionActor(self._policies.preemption, self._owner, self._admission)
         self._composer = ComposerActor(self._policies.scheduler, composer_rx, self._owner, self._admission,
                                        self._preemption, cfg.on_step)
+
+    def _breaker_pairs(self, breakers: tuple[str, ...]) -> tuple:
+        """DRY's restart sequences for `breakers` over this model's vocabulary, built once per list (the
+        first scan reads every token's text: ~0.1 s for 49k tokens) and kept (at most BREAKER_TABLES)."""
+        pairs = self._breakers.get(breakers)
+        if pairs is None:
+            build = getattr(self.runtime, "breaker_table", None)
+            if build is None:
+                raise InvalidInputError("this runtime cannot read its vocabulary for DRY's sequence breakers: "
+                                        "give dry_sequence_breakers [] (no breakers)")
+            t0 = time.perf_counter()
+            pairs = table_pairs(build(breakers))
+            if len(self._breakers) >= BREAKER_TABLES:
+                self._breakers.pop(next(iter(self._breakers)))
+            self._breakers[breakers] = pairs
+            logger.info("DRY: {} restart sequences for breakers {!r} ({:.0f} ms)", len(pairs), breakers,
+                        1000 * (time.perf_counter() - t0))
+        return pairs
 
     def _start(self, nursery: trio.Nursery) -> None:
         nursery.start_soon(self._owner.run, name="skippy.runtime_owner")
@@ -463,6 +485,8 @@ class Engine:
         sampling = sampling or SamplingParams()
         if not isinstance(sampling, SamplingParams):
             raise InvalidInputError(f"sampling must be SamplingParams or a dict, got {type(sampling).__name__}")
+        if sampling.needs_breakers:
+            sampling = attrs.evolve(sampling, dry_breakers=self._breaker_pairs(sampling.dry_sequence_breakers))
         stops = (stop,) if isinstance(stop, str) else tuple(stop)
         if not all(isinstance(s, str) for s in stops):
             raise InvalidInputError("stop must be a string or a sequence of strings")

@@ -15,6 +15,7 @@ from typing import Any, Protocol, Sequence
 import attrs
 import numpy as np
 
+from . import _dry
 from .families import KvClass, derive_class
 from .kv import Ledger
 from .native import Batch, Context, ContextOptions, Model
@@ -81,6 +82,9 @@ class Runtime(Protocol):
 
     def is_eog(self, token: int) -> bool: ...
 
+    # optional: breaker_table(breakers) -> DRY's restart sequences over this vocabulary
+    # (skippy._dry.breaker_table); a runtime without it serves DRY without breakers only
+
     def close(self) -> None: ...
 
 
@@ -118,6 +122,7 @@ class ContextRuntime:
         # per token id, as the worker thread reads them every step: one dict lookup instead of a
         # cffi call and a buffer (the vocabulary is immutable after load; a dict item is atomic)
         self._pieces: dict[int, bytes] = {}
+        self._texts: list[bytes] | None = None  # every token's text, for DRY's breaker tables (on first use)
         self._eog: dict[int, bool] = {}
         self.share_exact = self.kv_class.recurrent or self.kv_class is KvClass.ISWA
         settings = {k: v for k, v in attrs.asdict(options).items() if k not in _NOT_IN_IDENTITY}
@@ -175,6 +180,11 @@ class ContextRuntime:
         if piece is None:
             piece = self._pieces[token] = self._tok.piece(token)
         return piece
+
+    def breaker_table(self, breakers: Sequence[str]) -> dict[int, tuple[tuple[int, ...], ...]]:
+        if self._texts is None:
+            self._texts = [self._tok.text_of(t) for t in range(self.n_vocab)]
+        return _dry.breaker_table(self._texts, lambda b: self._tok.tokenize(b, add_special=False), breakers)
 
     def is_eog(self, token: int) -> bool:
         eog = self._eog.get(token)

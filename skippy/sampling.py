@@ -3,8 +3,9 @@ depend on its batch-mates.
 
 Order, as llama.cpp's sampler chain: logit_bias, then the repetition penalty (llama.cpp's
 repeat_penalty over the last `repeat_last_n` tokens of prompt + output), then OpenAI's presence
-and frequency penalties (over this request's generated tokens), then top-k, temperature, top-p
-and min-p (both on the same weights) and the draw (see `pick`)."""
+and frequency penalties (over this request's generated tokens), then DRY (skippy._dry, over the
+last `dry_penalty_last_n` of prompt + output), then top-k, temperature, top-p and min-p (both on
+the same weights) and the draw (see `pick`); or, with mirostat 1 or 2, temperature and mirostat."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any, Iterable, Mapping, Sequence
 import attrs
 import numpy as np
 
+from . import _dry
 from .errors import InvalidInputError
 
 
@@ -45,6 +47,16 @@ def _bias_pairs(value: Mapping[Any, float] | Iterable[tuple[int, float]] | None)
     return tuple(sorted(pairs.items()))
 
 
+def _breaker_pairs(value: Iterable[tuple[int, Sequence[int]]] | None) -> tuple[tuple[int, tuple[int, ...]], ...] | None:
+    """dry_breakers as sorted (head, tail) pairs of ints: hashable, one order."""
+    if value is None:
+        return None
+    try:
+        return tuple(sorted((int(h), tuple(int(t) for t in tail)) for h, tail in value))
+    except (TypeError, ValueError) as e:
+        raise InvalidInputError(f"dry_breakers are (head token, tail tokens) pairs, got {value!r}") from e
+
+
 @attrs.frozen
 class SamplingParams:
     temperature: float = 0.0  # 0 = greedy
@@ -54,7 +66,7 @@ class SamplingParams:
     typical_p: float = 1.0  # locally typical sampling (llama.cpp's typ_p); 1 = off
     xtc_probability: float = 0.0  # llama.cpp's XTC ("exclude top choices"): how often it cuts; 0 = off
     xtc_threshold: float = 0.1  # the probability from which a choice is "top" (above 0.5: never cuts)
-    mirostat: int = 0  # 2: llama.cpp's mirostat v2 in place of top-k/top-p/min-p/typical/XTC; 0 = off
+    mirostat: int = 0  # 1 or 2: llama.cpp's mirostat v1 / v2 in place of top-k/top-p/min-p/typical/XTC; 0 = off
     mirostat_tau: float = 5.0  # the target surprise (bits)
     mirostat_eta: float = 0.1  # how fast mu follows it
     seed: int | None = None
@@ -63,6 +75,15 @@ class SamplingParams:
     repeat_penalty: float = 1.0  # llama.cpp's: logits of recent tokens divided (> 0) or multiplied (<= 0); 1 = off
     repeat_last_n: int = 64  # the window of prompt + output it looks at; 0 = off, -1 = all of it
     logit_bias: tuple[tuple[int, float], ...] = attrs.field(default=(), converter=_bias_pairs)
+    # llama.cpp's DRY (skippy._dry): on when dry_multiplier != 0 (and dry_penalty_last_n != 0)
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75  # >= 1
+    dry_allowed_length: int = 2  # repeats longer than this are penalized
+    dry_penalty_last_n: int = 64  # the window of prompt + output it scans; 0 = off, -1 = all of it
+    dry_sequence_breakers: tuple[str, ...] = attrs.field(default=_dry.DEFAULT_BREAKERS, converter=tuple)
+    # the breakers as (head token, tail tokens) pairs over the model's vocabulary: Engine fills it in
+    # (skippy._dry.breaker_table); None until then, and a Sampler refuses DRY breakers unresolved
+    dry_breakers: tuple[tuple[int, tuple[int, ...]], ...] | None = attrs.field(default=None, converter=_breaker_pairs)
     # derived once: `greedy` is read per row per step
     _shapes: bool = attrs.field(init=False, default=False, eq=False, repr=False)
 
@@ -74,8 +95,8 @@ class SamplingParams:
         _check(_is_num(self.min_p) and 0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p!r}")
         _check(_is_num(self.typical_p) and 0 < self.typical_p <= 1,
                f"typical_p must be in (0, 1], got {self.typical_p!r}")
-        _check(self.mirostat in (0, 2) and _is_int(self.mirostat),
-               f"mirostat must be 0 (off) or 2 (mirostat v2; v1 is not implemented), got {self.mirostat!r}")
+        _check(self.mirostat in (0, 1, 2) and _is_int(self.mirostat),
+               f"mirostat must be 0 (off), 1 (mirostat) or 2 (mirostat 2.0), got {self.mirostat!r}")
         for name in ("mirostat_tau", "mirostat_eta"):
             _check(_is_num(getattr(self, name)) and getattr(self, name) >= 0,
                    f"{name} must be a finite number >= 0, got {getattr(self, name)!r}")
@@ -90,9 +111,33 @@ class SamplingParams:
                f"repeat_penalty must be a finite number > 0, got {self.repeat_penalty!r}")
         _check(_is_int(self.repeat_last_n) and self.repeat_last_n >= -1,
                f"repeat_last_n must be an integer >= -1, got {self.repeat_last_n!r}")
-        object.__setattr__(self, "_shapes", bool(
-            self.presence_penalty or self.frequency_penalty or self.logit_bias
-            or (self.repeat_penalty != 1 and self.repeat_last_n != 0)))
+        _check(_is_num(self.dry_multiplier) and self.dry_multiplier >= 0,
+               f"dry_multiplier must be a finite number >= 0, got {self.dry_multiplier!r}")
+        _check(_is_num(self.dry_base) and self.dry_base >= 1, f"dry_base must be a finite number >= 1, got {self.dry_base!r}")
+        _check(_is_int(self.dry_allowed_length) and self.dry_allowed_length >= 0,
+               f"dry_allowed_length must be an integer >= 0, got {self.dry_allowed_length!r}")
+        _check(_is_int(self.dry_penalty_last_n) and self.dry_penalty_last_n >= -1,
+               f"dry_penalty_last_n must be an integer >= -1, got {self.dry_penalty_last_n!r}")
+        _check(all(isinstance(b, str) for b in self.dry_sequence_breakers),
+               f"dry_sequence_breakers must be strings, got {self.dry_sequence_breakers!r}")
+        # under mirostat llama.cpp's chain is logit_bias, temperature, mirostat: no penalty, no DRY
+        object.__setattr__(self, "_shapes", bool(self.logit_bias or self.penalizes))
+
+    @property
+    def penalizes(self) -> bool:
+        """Whether a penalty or DRY reshapes the logits (never under mirostat, as in llama.cpp)."""
+        return not self.mirostat and bool(self.presence_penalty or self.frequency_penalty or self.dry
+                                          or (self.repeat_penalty != 1 and self.repeat_last_n != 0))
+
+    @property
+    def dry(self) -> bool:
+        """Whether DRY shapes the logits."""
+        return _dry.enabled(self.dry_multiplier, self.dry_base, self.dry_penalty_last_n)
+
+    @property
+    def needs_breakers(self) -> bool:
+        """DRY is on with breaker strings not yet resolved over a vocabulary (Engine does it)."""
+        return self.dry and bool(self.dry_sequence_breakers) and self.dry_breakers is None
 
     @property
     def shapes_logits(self) -> bool:
@@ -127,6 +172,10 @@ class Sampler:
         self._hold_until = 0
         self._n = 0  # picks so far
         self._mu = 2.0 * self.params.mirostat_tau  # mirostat's running bound on surprise (llama.cpp's start)
+        if self.params.needs_breakers:
+            raise InvalidInputError("DRY's sequence breakers need the model's vocabulary: sample through Engine, "
+                                    "or set dry_breakers (skippy._dry.breaker_table, table_pairs)")
+        self._dry_table = _dry.pairs_table(self.params.dry_breakers or ())
 
     def hold_ends(self, ids: Sequence[int] | np.ndarray, until: int) -> None:
         """Mask `ids` out of the first `until` picks (their logits -inf; the other logits untouched)."""
@@ -151,9 +200,10 @@ class Sampler:
         return token
 
     def _pick(self, logits: np.ndarray) -> int:
-        if self.params.mirostat != 2 or self.params.temperature == 0:
+        if not self.params.mirostat or self.params.temperature == 0:
             return pick(logits, self.params, *self.draws())
-        token, self._mu = mirostat_v2(logits, self.params, self.draw(), self._mu)
+        mirostat = mirostat_v2 if self.params.mirostat == 2 else mirostat_v1
+        token, self._mu = mirostat(logits, self.params, self.draw(), self._mu)
         return token
 
     def _held_out(self, logits: np.ndarray, *, copy: bool) -> np.ndarray:
@@ -177,13 +227,16 @@ class Sampler:
         return token
 
     def shape(self, logits: np.ndarray) -> np.ndarray:
-        """The logits after logit_bias and the penalties, for this request's history (a float64 copy)."""
+        """The logits after logit_bias and the penalties and DRY (none of those under mirostat, as
+        llama.cpp's chain), for this request's history (a float64 copy)."""
         p = self.params
         x = np.array(logits, dtype=np.float64)
         n = x.shape[0]
         if self._bias_ids.size:
             ok = self._bias_ids < n
             x[self._bias_ids[ok]] += self._bias[ok]
+        if not p.penalizes:
+            return x
         if p.repeat_penalty != 1 and p.repeat_last_n != 0:
             ids = self._recent(p.repeat_last_n)
             ids = ids[ids < n]
@@ -192,19 +245,26 @@ class Sampler:
             ids, counts = np.unique(np.asarray(self._out, dtype=np.int64), return_counts=True)
             keep = ids < n
             x[ids[keep]] -= counts[keep] * p.frequency_penalty + p.presence_penalty
+        if p.dry:
+            window = self._window(p.dry_penalty_last_n)
+            for token, penalty in _dry.dry_penalties(window.tolist(), self._dry_table, p.dry_multiplier, p.dry_base,
+                                                     p.dry_allowed_length).items():
+                if token < n:
+                    x[token] -= penalty
         return x
+
+    def _window(self, last_n: int) -> np.ndarray:
+        """The last `last_n` tokens of prompt + output, in order (-1: all)."""
+        out = np.asarray(self._out, dtype=np.int64)
+        if last_n < 0:
+            return np.concatenate((self._prompt, out))
+        if out.size >= last_n:
+            return out[out.size - last_n:]
+        return np.concatenate((self._prompt[max(0, self._prompt.size - (last_n - out.size)):], out))
 
     def _recent(self, last_n: int) -> np.ndarray:
         """The distinct tokens among the last `last_n` of prompt + output (-1: all)."""
-        out = np.asarray(self._out, dtype=np.int64)
-        if last_n < 0:
-            window = np.concatenate((self._prompt, out))
-        elif out.size >= last_n:
-            window = out[out.size - last_n:]
-        else:
-            k = last_n - out.size
-            window = np.concatenate((self._prompt[max(0, self._prompt.size - k):], out))
-        return np.unique(window)
+        return np.unique(self._window(last_n))
 
     def draw(self) -> float | None:
         """The uniform number the next sample uses (None at temperature 0, which draws nothing).
@@ -316,6 +376,59 @@ def mirostat_v2(logits: np.ndarray, p: SamplingParams, u: float, mu: float) -> t
     renorm = np.float32(w[kept[index]] / w[kept].sum(dtype=np.float64))
     surprise = float(-np.log2(renorm))
     return int(kept[index]), float(np.float32(mu - p.mirostat_eta * (surprise - p.mirostat_tau)))
+
+
+MIROSTAT_M = 100  # the candidates mirostat v1 estimates its Zipf exponent from (llama-server's m)
+
+
+def mirostat_v1(logits: np.ndarray, p: SamplingParams, u: float, mu: float) -> tuple[int, float]:
+    """llama.cpp's mirostat (v1) after its temperature (llama_sampler_mirostat_apply, m = 100): the
+    softmax best first; the Zipf exponent s estimated from the best m probabilities; k = ((s - 1) 2^mu
+    / (1 - n^(1 - s)))^(1/s) (`mirostat_k`); the best max(k, 1) drawn from renormalized (in id order,
+    as `pick` draws); then mu -= eta x (the drawn one's surprise there - tau). float32 and sums in
+    llama.cpp's order, so k is llama.cpp's. Returns (token, the next mu)."""
+    x = np.asarray(logits, dtype=np.float32) / np.float32(p.temperature)
+    order = best_first(x, x.size)
+    prob = softmax_best_first(x[order])
+    k = mirostat_k(prob, mu, x.size, MIROSTAT_M)
+    kept = np.sort(order[:k])
+    w = np.exp(x[kept] - x[order[0]])
+    index = _draw(w, u)
+    token = int(kept[index])
+    rank = int(np.flatnonzero(order[:k] == token)[0])  # its place best first
+    return token, mirostat_mu(softmax_best_first(x[order[:k]]), rank, mu, p)
+
+
+def softmax_best_first(xs: np.ndarray) -> np.ndarray:
+    """llama_sampler_softmax_impl on logits best first: exp(x - the first), over their float32 running sum."""
+    w = np.exp(xs - xs[0])
+    return w / np.cumsum(w, dtype=np.float32)[-1]
+
+
+def mirostat_k(prob: np.ndarray, mu: float, n_vocab: int, m: int = 100) -> int:
+    """How many candidates mirostat v1 keeps, from the probabilities best first (float32 scalars, as
+    llama.cpp). A k that is NaN or past int32 is 1, as x86 converts it (then max(k, 1))."""
+    f = np.float32
+    ti_bi, ti_sq = f(0), f(0)
+    for i in range(min(m - 1, prob.size - 1)):
+        t = np.log(f(f(i + 2) / f(i + 1)))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            b = np.log(f(prob[i] / prob[i + 1]))
+        ti_bi = f(ti_bi + f(t * b))
+        ti_sq = f(ti_sq + f(t * t))
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        s_hat = f(ti_bi / ti_sq)
+        eps = f(s_hat - f(1))
+        k = np.power(f(f(eps * np.power(f(2), f(mu))) / f(f(1) - np.power(f(n_vocab), -eps))), f(f(1) / s_hat))
+    size = int(k) if np.isfinite(k) and -2.0 ** 31 < k < 2.0 ** 31 else -2 ** 31
+    return min(max(size, 1), prob.size)
+
+
+def mirostat_mu(prob: np.ndarray, index: int, mu: float, p: SamplingParams) -> float:
+    """mu after drawing the `index`-th best of the kept (their renormalized probabilities `prob`)."""
+    f = np.float32
+    surprise = f(-np.log2(f(prob[index])))
+    return float(f(f(mu) - f(f(p.mirostat_eta) * f(surprise - f(p.mirostat_tau)))))
 
 
 def _xtc_kept(x: np.ndarray, w: np.ndarray, kept: np.ndarray, threshold: float) -> np.ndarray:

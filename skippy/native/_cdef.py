@@ -122,6 +122,8 @@ int32_t llama_tokenize(const struct llama_vocab * vocab, const char * text, int3
                        llama_token * tokens, int32_t n_tokens_max, bool add_special, bool parse_special);
 int32_t llama_token_to_piece(const struct llama_vocab * vocab, llama_token token, char * buf,
                              int32_t length, int32_t lstrip, bool special);
+int32_t llama_detokenize(const struct llama_vocab * vocab, const llama_token * tokens, int32_t n_tokens,
+                         char * text, int32_t text_len_max, bool remove_special, bool unparse_special);
 int32_t llama_chat_apply_template(const char * tmpl, const struct llama_chat_message * chat, size_t n_msg,
                                   bool add_ass, char * buf, int32_t length);
 

@@ -40,8 +40,8 @@ class Tokenizer:
     def is_eog(self, token: int) -> bool:
         return bool(self._lib.llama_vocab_is_eog(self._vocab, int(token)))
 
-    def tokenize(self, text: str, *, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
-        data = text.encode("utf-8")
+    def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = False) -> np.ndarray:
+        data = text if isinstance(text, bytes) else text.encode("utf-8")
         vocab = self._vocab
         capacity = len(data) + 8
         while True:
@@ -60,6 +60,18 @@ class Tokenizer:
         if n < 0:
             buf = self._ffi.new("char[]", -n)
             n = self._lib.llama_token_to_piece(self._vocab, int(token), buf, -n, 0, special)
+        return self._ffi.buffer(buf, n)[:]
+
+    def text_of(self, token: int) -> bytes:
+        """One token's text as llama.cpp's vocab.detokenize({token}, special=true) gives it (the leading
+        space an SPM vocabulary adds is stripped, spaces cleaned where the vocabulary asks): what DRY's
+        breaker table is built from."""
+        tok = self._ffi.new("llama_token[1]", [int(token)])
+        buf = self._ffi.new("char[]", 64)
+        n = self._lib.llama_detokenize(self._vocab, tok, 1, buf, 64, False, True)
+        if n < 0:
+            buf = self._ffi.new("char[]", -n)
+            n = self._lib.llama_detokenize(self._vocab, tok, 1, buf, -n, False, True)
         return self._ffi.buffer(buf, n)[:]
 
     def detokenize(self, tokens: Iterable[int]) -> str:

@@ -73,7 +73,6 @@ NEUTRAL: dict[str, Callable[[Any], bool]] = {
     "json_schema": lambda v: v == {},
     "store": lambda v: v is False,
     "modalities": lambda v: v == ["text"],
-    "dry_multiplier": lambda v: is_num(v) and v == 0,
 }
 # known, accepted with no effect: metadata, and cache hints the prefix cache makes moot
 NO_EFFECT = {"user", "metadata", "service_tier", "reasoning_effort", "cache_prompt", "id_slot", "n_keep",
@@ -82,6 +81,7 @@ COMMON = {"model", "max_tokens", "n_predict", "temperature", "top_p", "top_k", "
           "stream_options", "ignore_eos", "priority", "presence_penalty", "frequency_penalty", "repetition_penalty",
           "repeat_penalty", "repeat_last_n", "logit_bias", "n", "logprobs", "typical_p",
           "xtc_probability", "xtc_threshold", "mirostat", "mirostat_tau", "mirostat_eta",  # llama-server's
+          "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "dry_sequence_breakers",
           "min_tokens", "stop_token_ids", "include_stop_str_in_output"}  # vLLM's
 # structured output and tools: read by server.structured (known here, so never the neutral-only check;
 # tools stay neutral-only in completions)
@@ -190,13 +190,11 @@ def sampling(data: Mapping[str, Any]) -> dict[str, Any]:
     if xtc > 0:
         out["xtc_probability"], out["xtc_threshold"] = float(xtc), float(threshold)
     mirostat = want(data, "mirostat", lambda v: is_int(v) and v in (0, 1, 2), "0, 1 or 2", 0)
-    if mirostat == 1:
-        raise bad_request("'mirostat' 1 (v1) is not supported by this server; mirostat 2 (v2) is", param="mirostat",
-                          code="unsupported_parameter")
     tau = want(data, "mirostat_tau", lambda v: is_num(v) and v >= 0, "a number >= 0", 5.0)
     eta = want(data, "mirostat_eta", lambda v: is_num(v) and v >= 0, "a number >= 0", 0.1)
     if mirostat:
-        out.update(mirostat=2, mirostat_tau=float(tau), mirostat_eta=float(eta))
+        out.update(mirostat=mirostat, mirostat_tau=float(tau), mirostat_eta=float(eta))
+    out.update(dry(data))
     for name in ("presence_penalty", "frequency_penalty"):
         v = want(data, name, lambda v: is_num(v) and -2 <= v <= 2, "a number in [-2, 2]")
         if v is not None:
@@ -210,6 +208,29 @@ def sampling(data: Mapping[str, Any]) -> dict[str, Any]:
     bias = logit_bias(data.get("logit_bias"))
     if bias:
         out["logit_bias"] = bias
+    return out
+
+
+MAX_BREAKERS = 64  # DRY sequence breakers per request (each one is a scan of the vocabulary, once)
+
+
+def dry(data: Mapping[str, Any]) -> dict[str, Any]:
+    """llama-server's DRY fields, as it reads them: on when dry_multiplier > 0; a dry_base under 1 is
+    its default 1.75; dry_sequence_breakers a non-empty list of strings. Nothing when off."""
+    multiplier = want(data, "dry_multiplier", lambda v: is_num(v) and v >= 0, "a number >= 0", 0.0)
+    base = want(data, "dry_base", is_num, "a number", 1.75)
+    allowed = want(data, "dry_allowed_length", lambda v: is_int(v) and v >= 0, "an integer >= 0", 2)
+    last_n = want(data, "dry_penalty_last_n", lambda v: is_int(v) and v >= -1, "an integer >= -1 (0: off, -1: all)",
+                  64)
+    breakers = want(data, "dry_sequence_breakers",
+                    lambda v: isinstance(v, list) and 0 < len(v) <= MAX_BREAKERS and all(isinstance(b, str) for b in v),
+                    f"a non-empty array of at most {MAX_BREAKERS} strings", None)
+    if not multiplier:
+        return {}
+    out: dict[str, Any] = {"dry_multiplier": float(multiplier), "dry_base": float(base) if base >= 1 else 1.75,
+                           "dry_allowed_length": allowed, "dry_penalty_last_n": last_n}
+    if breakers is not None:
+        out["dry_sequence_breakers"] = tuple(breakers)
     return out
 
 

@@ -70,7 +70,7 @@ class GenerateCall:
     def shaping_param(self) -> str | None:
         """The name of a sampling field that needs the sampler beside the logits (penalties, bias), if any."""
         found = next((k for k in ("presence_penalty", "frequency_penalty", "repeat_penalty", "logit_bias", "typical_p",
-                                "xtc_probability", "mirostat")
+                                "xtc_probability", "mirostat", "dry_multiplier")
                       if k in self.sampling), None)
         return found or ("min_tokens" if self.min_tokens else None)  # it masks the end ids out of the logits
 

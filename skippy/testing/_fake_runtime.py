@@ -271,5 +271,12 @@ class FakeRuntime:
     def is_eog(self, token: int) -> bool:
         return int(token) == 0
 
+    def breaker_table(self, breakers):
+        """DRY's restart sequences over the fake's vocabulary (its pieces, its tokenizer)."""
+        from .._dry import breaker_table
+
+        pieces = [self.piece(t) for t in range(self.n_vocab)]
+        return breaker_table(pieces, lambda b: self.tokenize(b.decode("utf-8", "replace"), False), breakers)
+
     def close(self) -> None:
         self.closed = True

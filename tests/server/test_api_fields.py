@@ -234,13 +234,20 @@ async def test_vllms_min_tokens_stop_token_ids_include_stop_str_in_output_and_ty
             r = await http.post("/v1/completions", json={**body, "stop": [stop], "include_stop_str_in_output": True})
             assert r.json()["choices"][0]["text"] == text_of(rt, solo[:4]) and "x-skippy-ignored-fields" not in r.headers
             for extra in ({"typical_p": 0.5}, {"xtc_probability": 0.5, "xtc_threshold": 0.2},
-                          {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.2}):
+                          {"mirostat": 2, "mirostat_tau": 3.0, "mirostat_eta": 0.2},
+                          {"mirostat": 1, "mirostat_tau": 3.0}, {"dry_multiplier": 0.8, "dry_sequence_breakers": ["ab", "c"]},
+                          {"dry_multiplier": 0.8, "dry_base": 0.5, "dry_allowed_length": 1,
+                           "dry_penalty_last_n": -1}):
                 r = await http.post("/v1/completions", json={**body, "temperature": 1.0, "seed": 3, **extra})
                 assert r.status_code == 200 and "x-skippy-ignored-fields" not in r.headers
             for bad, param in [({"min_tokens": 9}, "min_tokens"), ({"min_tokens": -1}, "min_tokens"),
                                ({"typical_p": 0}, "typical_p"), ({"typical_p": 1.5}, "typical_p"),
                                ({"xtc_probability": 2}, "xtc_probability"), ({"xtc_threshold": "x"}, "xtc_threshold"),
-                               ({"mirostat": 1}, "mirostat"), ({"mirostat": 3}, "mirostat"),
+                               ({"mirostat": 3}, "mirostat"), ({"dry_multiplier": -1}, "dry_multiplier"),
+                               ({"dry_multiplier": 1, "dry_sequence_breakers": "\n"}, "dry_sequence_breakers"),
+                               ({"dry_multiplier": 1, "dry_sequence_breakers": [1]}, "dry_sequence_breakers"),
+                               ({"dry_multiplier": 1, "dry_sequence_breakers": []}, "dry_sequence_breakers"),
+                               ({"dry_allowed_length": -1}, "dry_allowed_length"),
                                ({"mirostat_tau": -1}, "mirostat_tau"),
                                ({"stop_token_ids": [64]}, "stop_token_ids"), ({"stop_token_ids": "7"}, "stop_token_ids"),
                                ({"include_stop_str_in_output": 1}, "include_stop_str_in_output")]:

@@ -67,9 +67,13 @@ async def test_tokenize_matches_what_a_completion_counts_and_detokenize_inverts_
                 assert models[0]["max_model_len"] == engine.n_ctx and models[0]["meta"]["n_ctx_train"] == 8192
 
 
-async def test_penalties_on_real_logits_are_seeded_whatever_shares_the_batch(smollm2):
-    prompt = "Once upon a time"
-    penal = {"frequency_penalty": 1.2, "presence_penalty": 0.6, "repeat_penalty": 1.3, "logit_bias": {"28": -5}}
+@pytest.mark.parametrize("prompt, penal", [
+    ("Once upon a time", {"frequency_penalty": 1.2, "presence_penalty": 0.6, "repeat_penalty": 1.3,
+                          "logit_bias": {"28": -5}}),
+    ("one two three, one two three, one two three, one two", {"dry_multiplier": 0.8, "dry_allowed_length": 1}),
+    ("Once upon a time", {"mirostat": 1, "mirostat_tau": 3.0, "mirostat_eta": 0.2}),
+], ids=["penalties", "dry", "mirostat-v1"])
+async def test_penalties_on_real_logits_are_seeded_whatever_shares_the_batch(smollm2, prompt, penal):
     with trio.fail_after(120):
         async with live_server(smollm2) as (url, _, _):
             async with httpx.AsyncClient(base_url=url, timeout=60) as http:
