@@ -14,6 +14,7 @@ requests, skippy, single-lane and llama-server); every quick default can still b
 from __future__ import annotations
 
 import argparse
+import sys
 import json
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from .matrix_dir import is_matrix, load_matrix
 from .matrix_report import check_text, verdicts, write_matrix_report
 from .metrics import Slo
 from .report import load_results, pack, slo_of, summaries, write_report
+from .peers import PeerError, main as peers_main
 from .sweep import run_sweep
 from .sweep_args import FULL, QUICK, RESULTS_ROOT, run_args, sweep_options, until_signal
 
@@ -94,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     packer.add_argument("dirs", type=Path, nargs="+")
     packer.add_argument("--min-kb", type=float, default=0.0, help="leave files smaller than this plain")
     packer.set_defaults(func=_pack)
+    peers = sub.add_parser("peers", add_help=False,
+                           help="install vLLM's CPU build into its own venv, make its weights (`peers --help`)")
+    peers.set_defaults(func=lambda args: peers_main([]))  # reached through main(), which hands it the rest
     return parser
 
 
@@ -106,8 +111,12 @@ def _pack(args: argparse.Namespace) -> int:
 
 def _sweep(args: argparse.Namespace) -> int:
     opts = sweep_options(args)
-    if not trio.run(until_signal, lambda: run_sweep(opts)):
-        return 130
+    try:
+        if not trio.run(until_signal, lambda: run_sweep(opts)):
+            return 130
+    except PeerError as e:
+        print(f"bench.gate: error: {e}", file=sys.stderr)
+        return 2
     print(opts.out)
     return 0
 
@@ -163,5 +172,8 @@ def _report(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["peers"]:  # its own parser, --help included
+        return peers_main(argv[1:])
     args = _parser().parse_args(argv)
     return args.func(args)

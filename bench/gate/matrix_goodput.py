@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import attrs
 
-from .engines import ENGINES, OLD
+from .engines import KNOWN, OLD
 from .matrix_dir import GOODPUT_DIR, ClassData
 from .metrics import Slo, run_summary
 from .records import RunResult
@@ -154,7 +154,7 @@ def goodput_lines(rows: Sequence[tuple[ClassData, ClassVerdict]], fixed: Slo) ->
     present = {r.engine for c, _ in rows for r in c.goodput}
     if not present:
         return []
-    engines = [e for e in ENGINES if e in present]
+    engines = [e for e in KNOWN if e in present]
     head = "| class | capacity req/s | rate req/s | × capacity | " + " | ".join(engines) + " |"
     lines = ["", "## Goodput: open-loop Poisson arrivals around capacity", "",
              "Capacity: the median closed-loop req/s at N* on chat over the engines but single-lane; every engine "

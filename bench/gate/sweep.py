@@ -22,9 +22,10 @@ import httpx
 from tqdm import tqdm
 
 from .batched import run_batched_bench
-from .engines import ServerConfig, Tools, server_argv, tools_for
+from .engines import VLLM, VLLM_STARTUP_S, ServerConfig, Tools, server_argv, tools_for
 from .metrics import Slo
 from .model import read_vocab
+from .peers import prepare_weights
 from .procs import free_port, peak_rss_mb, running_server
 from .records import Load, RunResult
 from .report import write_results
@@ -122,6 +123,8 @@ async def run_sweep(opts: SweepOptions) -> dict[str, Any]:
     """Run everything, write results.json / summary.md / plots under `opts.out`; return the results."""
     opts.out.mkdir(parents=True, exist_ok=True)
     tools = tools_for(opts.engines, opts.batched_bench, progress=opts.progress)
+    if VLLM in opts.engines:  # installed beforehand (`peers install vllm`); its fp32 copy made once
+        prepare_weights(opts.server.model.path)
     vocab = read_vocab(opts.server.model.path)
     results: dict[str, Any] = {"meta": meta(opts, tools), "runs": [], "batched_bench": []}
     runs: list[RunResult] = []
@@ -156,7 +159,8 @@ async def _serve_engine(opts: SweepOptions, tools: Tools, vocab: Any, client_arg
     argv = server_argv(engine, opts.server, port, opts.slots or load.n or opts.open_slots, tools)
     tag = "" if rounds == 1 else f"-r{k + 1}"
     log = opts.out / "logs" / f"{engine}-{load.label.replace(' ', '').replace('/', '_')}{tag}.log"
-    async with running_server(argv, port, log, startup_timeout=opts.startup_timeout) as server:
+    startup = max(opts.startup_timeout, VLLM_STARTUP_S) if engine == VLLM else opts.startup_timeout
+    async with running_server(argv, port, log, startup_timeout=startup) as server:
         async with httpx.AsyncClient(**client_args) as client:
             for workload in opts.workloads:
                 desc = f"{engine:>18} {workload.name:<12} {load.label}" + (f" round {k + 1}/{rounds}" if tag else "")

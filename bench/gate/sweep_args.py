@@ -17,7 +17,7 @@ from typing import Any, Callable, Sequence
 
 import trio
 
-from .engines import ENGINES, QUICK_ENGINES, ServerConfig
+from .engines import ENGINES, KNOWN, QUICK_ENGINES, ServerConfig
 from .metrics import Slo
 from .model import ModelSpec
 from .runner import RunConfig
@@ -44,7 +44,7 @@ QUICK: dict[str, Any] = dict(
 
 def run_args(p: argparse.ArgumentParser, quick_engines: Sequence[str]) -> None:
     """The options a sweep and the matrix share."""
-    p.add_argument("--engines", nargs="+", choices=ENGINES,
+    p.add_argument("--engines", nargs="+", choices=KNOWN,
                    help=f"default: all ({' '.join(ENGINES)}); --quick: {' '.join(quick_engines)}")
     p.add_argument("--workloads", nargs="+", choices=workload_names())
     p.add_argument("--concurrency", "-N", nargs="*", type=int, help="closed-loop N values")

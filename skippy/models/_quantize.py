@@ -60,14 +60,16 @@ def native_quantizer_available() -> bool:
     return _libllama() is not None
 
 
-def quantize(src: Path, dst: Path, quant: str, threads: int | None = None) -> None:
-    """Quantize `src` (F32 GGUF) into `dst` with llama.cpp's mixture for `quant` (e.g. Q4_K_M)."""
+def quantize(src: Path, dst: Path, quant: str, threads: int | None = None, requantize: bool = False) -> None:
+    """Quantize `src` (F32 GGUF) into `dst` with llama.cpp's mixture for `quant` (e.g. Q4_K_M);
+    `requantize`: `src` may be quantized already (llama.cpp dequantizes it first: how the prefill
+    benchmark makes an F16 copy of a Q4_1 model)."""
     if quant not in FTYPES:
         raise ModelLoadError(f"unknown quantization {quant!r}; known: {', '.join(FTYPES)}")
     if _libllama() is None:
         raise ModelLoadError(f"{quant} needs skippy's native build (libllama); run `skippy build`")
     argv = [sys.executable, "-m", "skippy.models._quantize", str(src), str(dst), quant,
-            str(threads or os.cpu_count() or 1)]
+            str(threads or os.cpu_count() or 1), "1" if requantize else "0"]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
     except subprocess.TimeoutExpired as exc:
@@ -77,7 +79,7 @@ def quantize(src: Path, dst: Path, quant: str, threads: int | None = None) -> No
                              f"{done.stderr[-2000:]}")
 
 
-def _main(src: str, dst: str, quant: str, threads: str) -> int:
+def _main(src: str, dst: str, quant: str, threads: str, requantize: str = "0") -> int:
     lib_path = _libllama()
     assert lib_path is not None
     lib = ctypes.CDLL(str(lib_path))
@@ -88,8 +90,9 @@ def _main(src: str, dst: str, quant: str, threads: str) -> int:
     params = lib.llama_model_quantize_default_params()
     params.nthread = int(threads)
     params.ftype = FTYPES[quant]
+    params.allow_requantize = requantize == "1"
     return int(lib.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params)))
 
 
 if __name__ == "__main__":
-    sys.exit(_main(*sys.argv[1:5]))
+    sys.exit(_main(*sys.argv[1:6]))
