@@ -3,8 +3,9 @@
     <vllm venv>/bin/python _vllm_weights.py MODEL.gguf OUT_DIR
 
 The GGUF's weights dequantized by transformers' GGUF reader, copied into a model built from its
-config (transformers refuses save_pretrained on the GGUF-loaded weights), saved fp32 as
-safetensors with the tokenizer and the GGUF's chat template."""
+config without the GGUF's quantization_config (transformers refuses save_pretrained on the
+GGUF-loaded weights, and vLLM a "gguf" method on a HF directory), saved fp32 as safetensors with
+the tokenizer and the GGUF's chat template."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def main(gguf: str, out: str) -> int:
     if not getattr(tok, "chat_template", None):
         tok.chat_template = _chat_template(src)
     loaded = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, torch_dtype=torch.float32)
-    model = AutoModelForCausalLM.from_config(loaded.config, torch_dtype=torch.float32)
+    config = loaded.config
+    config.__dict__.pop("quantization_config", None)  # plain fp32 now: vLLM refuses a "gguf" method on a HF dir
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
     state = {k: v.detach().to(torch.float32).contiguous() for k, v in loaded.state_dict().items()}
     result = model.load_state_dict(state, strict=False)
     missing = [k for k in result.missing_keys if "lm_head" not in k]  # tied to the embeddings
