@@ -394,7 +394,7 @@ class Engine:
 
     def _breaker_pairs(self, breakers: tuple[str, ...]) -> tuple:
         """DRY's restart sequences for `breakers` over this model's vocabulary, built once per list (the
-        first scan reads every token's text: ~0.1 s for 49k tokens) and kept (at most BREAKER_TABLES)."""
+        first scan reads every token's text: ~0.16 s for SmolLM2's 49k tokens) and kept (at most BREAKER_TABLES)."""
         pairs = self._breakers.get(breakers)
         if pairs is None:
             build = getattr(self.runtime, "breaker_table", None)
