@@ -11,7 +11,9 @@ is split across sessions):
 1. `n1/`: closed loop at N=1, every engine: the scaled SLO (TTFT <= 10x, TPOT <= 5x the engines'
    median N=1 p50), beside the seed's fixed one (TTFT <= 2000 ms, TPOT <= 200 ms).
 2. `closed/`: closed loop at N=32 (and --closed), every engine, skippy told the scaled targets:
-   capacity is the median req/s at N=32 over the engines but single-lane.
+   capacity is the median req/s at N=32 over the engines but single-lane. Then `closed-fixed/`:
+   skippy alone at the same N, told the fixed targets (the others know none: their `closed/` runs
+   are scored under both SLOs).
 3. `rate-<r>/<slo>/` for each rate = fraction x capacity and each SLO: every engine at that rate, the
    same seeded arrivals; skippy is told the SLO it is scored on (`--ttft-slo-ms/--tpot-slo-ms`: a user
    who is held to an SLO sets it), the other engines know no targets, so their runs under the first
@@ -99,6 +101,27 @@ def met_share(run: Any, slo: Slo) -> float:
     return sum(meets_slo(r, slo) for r in records) / len(records) if records else 0.0
 
 
+def _cell(run: Any, s: Any, slo: Slo) -> dict[str, Any]:
+    return {"goodput": s.goodput, "met": met_share(run, slo), "failed": s.failed, "ttft_p99_ms": s.ttft_p99_ms,
+            "tpot_p50_ms": s.tpot_p50_ms, "req_per_s": s.req_per_s}
+
+
+def closed_table(out: Path, slos: dict[str, Slo], engines: list[str]) -> dict[str, Any]:
+    """Closed-loop goodput by N, engine and SLO: skippy's from the stage that told it that SLO (`closed/` the
+    first, `closed-<key>/` the others), every other engine's from `closed/`, scored under each SLO."""
+    table: dict[str, Any] = {}
+    first = next(iter(slos))
+    for key, slo in slos.items():
+        for name in engines:
+            path = out / ("closed" if key == first or name != "skippy" else f"closed-{key}")
+            if not has_results(path):
+                continue
+            for (engine, label), (run, s) in summaries(path, slo).items():
+                if engine == name and run.load.kind == "closed":
+                    table.setdefault(label, {}).setdefault(name, {})[key] = _cell(run, s, slo)
+    return dict(sorted(table.items(), key=lambda kv: int(kv[0].removeprefix("N="))))
+
+
 def report(out: Path, slos: dict[str, Slo], cap: float, rates: list[float], fractions: list[float],
            engines: list[str], shed: bool, not_dense: bool = False) -> dict[str, Any]:
     table: dict[str, Any] = {"capacity_req_s": cap, "slos": {k: [v.ttft_ms, v.tpot_ms] for k, v in slos.items()},
@@ -118,11 +141,9 @@ def report(out: Path, slos: dict[str, Slo], cap: float, rates: list[float], frac
                 got = summaries(path, slo).get((engine, f"{rate:g} req/s"))
                 if got is None:
                     continue
-                run, s = got
-                row.setdefault(name, {})[key] = {"goodput": s.goodput, "met": met_share(run, slo),
-                                                 "failed": s.failed, "ttft_p99_ms": s.ttft_p99_ms,
-                                                 "tpot_p50_ms": s.tpot_p50_ms, "req_per_s": s.req_per_s}
+                row.setdefault(name, {})[key] = _cell(*got, slo)
         table["rates"][f"{rate:g}"] = row
+    table["closed"] = closed_table(out, slos, engines)
     for name in names:
         for key in slos:
             ok = [r for r in rates if table["rates"][f"{r:g}"].get(name, {}).get(key, {}).get("met", 0) >= MEETS]
@@ -139,6 +160,13 @@ def report(out: Path, slos: dict[str, Slo], cap: float, rates: list[float], frac
         row = table["rates"][f"{rate:g}"]
         cells = [f"{row.get(n, {}).get(k, {}).get('goodput', float('nan')):.3f}" for k in slos for n in names]
         lines.append(f"| {rate:g} | {f:g} | " + " | ".join(cells) + " |")
+    if table["closed"]:
+        lines += ["", "Closed loop (skippy told the SLO it is scored on), goodput req/s:", "",
+                  "| N | " + " | ".join(f"{n} ({k})" for k in slos for n in engines) + " |",
+                  "|---|" + "---|" * (len(engines) * len(slos))]
+        for label, row in table["closed"].items():
+            cells = [f"{row.get(n, {}).get(k, {}).get('goodput', float('nan')):.3f}" for k in slos for n in engines]
+            lines.append(f"| {label.removeprefix('N=')} | " + " | ".join(cells) + " |")
     lines += ["", f"SLO capacity (the highest offered rate with >= {MEETS:.0%} of requests within both targets):", ""]
     for name in names:
         lines.append(f"- {name}: " + ", ".join(f"{k} {table['slo_capacity'][name][k]:g} req/s" for k in slos))
@@ -202,6 +230,9 @@ def main() -> None:
                                                              "--requests-per-worker", "2"],
                        targets(slos["scaled"]))
         cap = capacity(closed)
+        for key, slo in list(slos.items())[1:]:
+            sweep(out / f"closed-{key}", args, ["skippy"], ["-N", "32", *map(str, args.closed),
+                                                            "--requests-per-worker", "2"], targets(slo))
     else:
         cap = args.capacity
     rates = [float(f"{f * cap:.4g}") for f in args.fractions]

@@ -9,6 +9,7 @@ Per SLO (scaled, fixed), with skippy told the SLO it is scored on:
   no failures         skippy failed no request at any rate (shed ones are refusals, counted apart)
   p99 TTFT@<f>x       at every rate <= 1.0x capacity, skippy's p99 TTFT <= 1.0x each llama-server's
                       (the gate issue's ruling on open-loop Poisson; past capacity only goodput counts)
+  goodput@N=<n>       closed loop: skippy's goodput >= each other engine's at every N it ran
 A check whose figures are missing fails, as in the gate: absent evidence never passes.
 """
 
@@ -73,7 +74,25 @@ def goodput_checks(table: dict[str, Any], dense: bool = True) -> list[Check]:
             ok = bool(base and high) and high["goodput"] >= need * base["goodput"]
             checks.append(Check("skippy@1x", slo, f"no collapse ({engine})", ok, high and high["goodput"],
                                 base and base["goodput"], f">= {need}x"))
+        checks += _closed_checks(table, slo)
     return checks
+
+
+def _closed_checks(table: dict[str, Any], slo: str) -> list[Check]:
+    """skippy >= each other engine at every closed-loop N; a table with no closed loop fails one check."""
+    closed = table.get("closed")
+    if not closed:
+        return [Check("-", slo, "goodput@N (closed loop)", False, None, None, "closed-loop runs")]
+    out = []
+    for label, row in closed.items():
+        mine = row.get("skippy", {}).get(slo)
+        good = mine and mine["goodput"]
+        for ref in sorted(e for e in row if not e.startswith("skippy")):
+            theirs = row[ref].get(slo)
+            ref_good = theirs and theirs["goodput"]
+            ok = good is not None and ref_good is not None and good >= ref_good
+            out.append(Check(ref, slo, f"goodput@{label}", ok, good, ref_good, ">= 1x"))
+    return out
 
 
 def _ttft_checks(table: dict[str, Any], rate: str, f: float, slo: str, others: list[str]) -> list[Check]:

@@ -1,5 +1,5 @@
 """bench/goodput.py end to end on the tiny synthetic model: the N=1 run that scales the SLO, the closed
-loop that measures capacity, Poisson runs at two fractions of it with skippy told each SLO (and with
+loop that measures capacity (and skippy's own closed loop told the fixed SLO), Poisson runs at two fractions of it with skippy told each SLO (and with
 --shed-late), then goodput.json, summary.md and the plot. The figures of a tiny model on a loaded CI box
 prove nothing about goodput (the committed runs under bench/results/goodput do); this proves the script
 runs, resumes and reports what it ran."""
@@ -57,7 +57,13 @@ async def test_goodput_script_end_to_end_and_resumes(tmp_path: Path):
     # skippy was told the SLO it is scored on
     meta = json.loads((out / f"rate-{next(iter(table['rates']))}" / "fixed" / "results.json").read_text())["meta"]
     assert "--tpot-slo-ms" in meta["argv"]["skippy"] and "200" in meta["argv"]["skippy"]
+    # the closed loop at N=32: skippy's fixed-SLO figure from its own run, told the fixed targets
+    assert set(table["closed"]["N=32"]) == {"skippy", "llama-server"}
+    assert all(set(by_slo) == {"scaled", "fixed"} for by_slo in table["closed"]["N=32"].values())
+    closed_fixed = json.loads((out / "closed-fixed" / "results.json").read_text())["meta"]["argv"]
+    assert set(closed_fixed) == {"skippy"} and "200" in closed_fixed["skippy"]
+    assert "Closed loop" in summary and "goodput@N=32" in summary
     # a second run finds every stage complete and only rewrites the report
     again = await goodput(tmp_path)
     assert again.returncode == 0, again.stderr.decode()[-3000:]
-    assert again.stderr.decode().count("done, kept") == 2 + 2 * 4
+    assert again.stderr.decode().count("done, kept") == 3 + 2 * 4

@@ -19,7 +19,9 @@ def table(skippy: dict, peer: dict, shed: dict | None = None, caps=(1.2, 0.8), t
                                                  "ttft_p99_ms": ttft[1]}}}
         if shed:
             rows[rate]["skippy-shed"] = {"fixed": {"goodput": shed[rate], "failed": 0, "met": 0.9}}
-    return {"capacity_req_s": 1.0, "slos": {"fixed": [2000, 200]}, "rates": rows,
+    closed = {f"N={n}": {"skippy": {"fixed": {"goodput": 0.5}}, "llama-server": {"fixed": {"goodput": 0.4}}}
+              for n in (8, 32)}
+    return {"capacity_req_s": 1.0, "slos": {"fixed": [2000, 200]}, "rates": rows, "closed": closed,
             "slo_capacity": {"skippy": {"fixed": caps[0]}, "llama-server": {"fixed": caps[1]}}}
 
 
@@ -32,7 +34,7 @@ def test_a_clear_win_passes_every_check():
                                   shed={"1": 0.9, "1.2": 0.9, "1.5": 0.88}))
     assert checks and all(c.passed for c in checks), [c for c in checks if not c.passed]
     assert {"goodput@1x", "lead@1x", "lead@1.2x", "SLO capacity", "no collapse (skippy)",
-            "no collapse (skippy-shed)", "p99 TTFT@1x"} <= set(by_name(checks))
+            "no collapse (skippy-shed)", "p99 TTFT@1x", "goodput@N=8", "goodput@N=32"} <= set(by_name(checks))
     assert "p99 TTFT@1.2x" not in by_name(checks)  # past capacity only goodput is judged
 
 
@@ -70,3 +72,15 @@ def test_p99_ttft_up_to_capacity_must_not_exceed_llama_servers():
     t = table(wins, {"1": 0.5, "1.2": 0.5, "1.5": 0.5})
     del t["rates"]["1"]["llama-server"]["fixed"]["ttft_p99_ms"]
     assert not by_name(goodput_checks(t))["p99 TTFT@1x"].passed  # absent evidence fails
+
+
+def test_closed_loop_goodput_is_judged_at_every_n():
+    wins = {"1": 0.9, "1.2": 0.9, "1.5": 0.9}
+    t = table(wins, {"1": 0.5, "1.2": 0.5, "1.5": 0.5})
+    t["closed"]["N=8"]["llama-server"]["fixed"]["goodput"] = 0.6  # ahead of skippy's 0.5 at N=8
+    got = by_name(goodput_checks(t))
+    assert not got["goodput@N=8"].passed and got["goodput@N=32"].passed
+    del t["closed"]["N=32"]["skippy"]
+    assert not by_name(goodput_checks(t))["goodput@N=32"].passed  # absent evidence fails
+    del t["closed"]
+    assert not by_name(goodput_checks(t))["goodput@N (closed loop)"].passed  # no closed loop at all
