@@ -222,3 +222,27 @@ def test_a_late_request_starts_only_while_the_lanes_left_hold_the_on_time_stream
     assert gate.late_room(free_lanes=4, ceiling=8)  # half the lanes are always theirs
     assert not gate.late_room(free_lanes=2, ceiling=8)
     assert gate.decode_room()  # late streams do not count against the rows on-time arrivals may have
+
+
+def test_a_first_token_estimate_counts_the_rows_that_end_before_it():
+    """Admission's estimate (SloGate.first_token_eta): running streams that end soon stop taking each step's
+    time, and once none is left the prompt runs at full speed. Counting every row to the end marked a
+    request late behind a few short streams about to finish."""
+    cost = trained()
+    slo = SloPolicy(cost, ttft_s=2.0, tpot_s=0.05)
+    now, step = 100.0, MARGIN * 0.05
+    new = Request(50, np.arange(1, 129, dtype=np.int32), 8, t_arrival=now)
+    ending = [stream(i, t_first=now - 0.1, generated=4, remaining=2) for i in range(12)]
+    endless = [stream(i, t_first=now - 0.1, generated=4, remaining=10_000) for i in range(12)]
+    soon, late = slo.gate(ending, now).first_token_eta(new), slo.gate(endless, now).first_token_eta(new)
+    # 12 rows for two steps, then the prompt alone: at most two steps and its own time
+    assert soon <= now + 2 * step + cost.prefill_seconds(128) + 1e-9
+    assert soon > now + cost.prefill_seconds(128) - 1e-9
+    per_step = cost.prefill_for(step, StepShape(12, 0, slo.gate(endless, now).kcells, 0))
+    assert per_step > 0 and math.isclose(late, now + math.ceil(128 / per_step) * step)  # rows that never end
+    assert late > soon
+    full = [stream(i, t_first=now - 0.1, generated=4, remaining=10_000) for i in range(40)]
+    assert slo.gate(full, now).first_token_eta(new) == math.inf  # no step time left, and no row ends
+    gate = slo.gate(ending[:1], now)
+    gate.take(endless[0])  # an admitted request counts to its end too
+    assert gate.ends == [2, 10_000] and gate.first_token_eta(new) > slo.gate(ending[:1], now).first_token_eta(new)

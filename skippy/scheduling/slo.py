@@ -27,6 +27,7 @@ gate's scaled SLO.
 
 from __future__ import annotations
 
+import bisect
 import math
 from typing import Sequence
 
@@ -177,13 +178,16 @@ class SloPolicy:
         if t is None or not self.cost.calibrated:
             return None
         cells = backlog = late = 0
+        ends: list[int] = []
         for r in running:  # one pass: this runs every step that asks admission
             if r.late:
                 late += 1
             else:
                 cells += r.n_tokens
                 backlog += max(0, r.pending - 1)
-        return SloGate(self, t.tpot_s, now, len(running), cells / 1000.0, backlog, late)
+                ends.append(max(1, r.remaining))
+        ends.sort()
+        return SloGate(self, t.tpot_s, now, len(running), cells / 1000.0, backlog, late, ends)
 
 
 @attrs.define
@@ -197,6 +201,7 @@ class SloGate:
     kcells: float  # cells the on-time ones attend, in thousands
     backlog: int  # prompt tokens on-time running requests still have to compute
     late: int = 0  # running requests that are late
+    ends: list[int] = attrs.field(factory=list)  # the on-time ones' tokens left to generate, ascending
 
     @property
     def on_rows(self) -> int:
@@ -227,16 +232,38 @@ class SloGate:
 
     def first_token_eta(self, r: Request) -> float:
         """When `r`'s first token would come if admitted now: its prompt after the on-time backlog, at the
-        prefill rate steps have left beside the decode rows (each step MARGIN x the target long)."""
+        prefill rate steps leave beside the decode rows (each step MARGIN x the target long), the rows
+        thinning as the running streams reach their ends (a stream ends after its `remaining` steps;
+        once none is left the prompt runs at full speed). Counting every running row to the end made a
+        request arriving behind a few short streams look hopeless when they were about to finish: served
+        at 0.5x capacity it was marked late and served 6 s after arriving, behind later arrivals that
+        made their 4 s target. Each running request counts from now (a prefilling one's row starts later:
+        optimistic by that much), and `r`'s own row only after its first token, outside this estimate."""
         cost = self.policy.cost
         tokens = self.backlog + max(1, r.pending)
         if self.rows == self.late:  # late streams yield to its prompt (scheduling.budget)
             return self.now + cost.prefill_seconds(tokens, r.cached)
         step = MARGIN * self.tpot_s
-        per_step = cost.prefill_for(step, StepShape(self.on_rows + 1, 0, self.kcells, 0), r.cached)
-        if per_step <= 0:
-            return math.inf
-        return self.now + math.ceil(tokens / per_step) * step
+        always = min(self.late, LATE_LANES)  # late rows that decode every step, whatever their length
+        ends, n = self.ends, len(self.ends)
+        t, done, i = self.now, 0, 0
+        while True:
+            while i < n and ends[i] <= done:
+                i += 1
+            rows = n - i + always
+            if rows == 0:
+                return t + cost.prefill_seconds(tokens, r.cached)
+            per_step = cost.prefill_for(step, StepShape(rows, 0, self.kcells * (n - i) / max(1, n), 0), r.cached)
+            if per_step <= 0 and done == 0:
+                return math.inf  # the decode rows leave no prefill time now (admission waits for a stream to end)
+            if i == n:  # only late rows are left: they never end here
+                return t + math.ceil(tokens / per_step) * step if per_step > 0 else math.inf
+            span = ends[i] - done  # steps until the next stream ends
+            if per_step > 0 and tokens <= per_step * span:
+                return t + math.ceil(tokens / per_step) * step
+            tokens -= max(0, per_step) * span
+            t += span * step
+            done += span
 
     def on_time(self, r: Request) -> bool:
         return self.first_token_eta(r) <= self.policy.first_deadline(r)
@@ -247,3 +274,4 @@ class SloGate:
         if not r.late:
             self.kcells += r.n_tokens / 1000.0
             self.backlog += max(0, r.pending - 1)
+            bisect.insort(self.ends, max(1, r.remaining))
