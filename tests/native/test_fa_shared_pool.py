@@ -1,8 +1,9 @@
-"""Patches 0004/0012/0013: flash attention over one pool shared by many sequences visits only each row's
+"""Patches 0004/0012/0013/0014: flash attention over one pool shared by many sequences visits only each row's
 own cells. Its exactness claim (the row kernel gives the same bytes) is checked against the
 upstream walk, which SKIPPY_FA_SCAN_ALL=1 restores in the same build, at kernel level and on
 real models' logits; its kernel choice (the row kernel instead of the tiled one over an
-interleaved pool) is checked against a double-precision reference.
+interleaved pool) is checked against a double-precision reference. The tiled kernel's band cases
+(a prompt band with closed KV tiles either side) hold patch 0014's skipping to the upstream bytes.
 """
 
 from __future__ import annotations
