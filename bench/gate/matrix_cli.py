@@ -30,14 +30,16 @@ from .sweep import SweepOptions
 from .sweep_args import FULL, QUICK, RESULTS_ROOT, run_args, sweep_options, until_signal
 from .verdict import SloScale
 
-# the matrix: every class at N up to 64 on chat, gen (128 -> 256) and the shared-prefix chat; n_ctx
-# None = big enough for the largest N at full length (matrix.auto_n_ctx, at least the floor below)
+# the matrix: every class at N up to 64 on chat, gen (128 -> 256), the shared-prefix chat and the
+# prompt-heavy rag512 (512 -> 64) and rag (1024 -> 64); n_ctx None = big enough for the largest N at
+# full length (matrix.auto_n_ctx, at least the floor below)
 MATRIX: dict[str, Any] = dict(
-    FULL, name="matrix", workloads=["chat", "gen", "chat-shared"], concurrency=[1, 2, 4, 8, 16, 32, 64],
+    FULL, name="matrix", workloads=["chat", "gen", "chat-shared", "rag512", "rag"], concurrency=[1, 2, 4, 8, 16, 32, 64],
     requests_per_worker=2, min_requests=16, long_out=256, n_ctx=None,
 )
 MATRIX_QUICK: dict[str, Any] = dict(
-    QUICK, name="matrix-quick", engines=["skippy", "llama-server"], concurrency=[1, 4], requests_per_worker=1,
+    QUICK, name="matrix-quick", engines=["skippy", "llama-server"], workloads=["chat", "gen", "chat-shared"],
+    concurrency=[1, 4], requests_per_worker=1,
     min_requests=4, long_out=16, n_ctx=None,
 )
 N_CTX_FLOOR = {False: 4096, True: 1024}  # auto n_ctx never goes below this (full, quick)

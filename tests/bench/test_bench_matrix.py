@@ -91,6 +91,17 @@ def test_overload_options_cap_lanes_and_queue():
         matrix_options(_parser().parse_args(["matrix", "--quick", "--class-n", "nope=1"]))
 
 
+def test_the_full_matrix_runs_the_prompt_heavy_workloads_too():
+    """rag (1024 in) and rag512 join every class's sweep, and the pool holds N=64 of the longest."""
+    opts = matrix_options(_parser().parse_args(["matrix", "--classes", "dense", "ssm-hybrid", "--out-dir", "/tmp/x"]))
+    for sweep in opts.sweeps.values():
+        names = [w.name for w in sweep.workloads]
+        assert names == ["chat", "gen", "chat-shared", "rag512", "rag"]
+        rag = next(w for w in sweep.workloads if w.name == "rag")
+        assert rag.max_input_len >= 1024
+        assert sweep.server.n_ctx >= 64 * (rag.max_input_len + rag.output_len)
+
+
 def test_auto_n_ctx_holds_the_largest_n_at_full_length():
     ws = [make_workload("chat"), make_workload("gen")]  # 128+64, 128+512
     assert auto_n_ctx([1, 64], ws, 4096) == 64 * 640
