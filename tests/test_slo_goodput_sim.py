@@ -69,6 +69,17 @@ def test_goodput_does_not_collapse_past_capacity():
     assert shed["stats"].slo_shed == shed["failed"] > 0  # the only requests that did not finish were shed
 
 
+def test_a_backlog_of_late_requests_drains_at_batch_throughput():
+    """Everything at once under targets no request can meet: once all are late, nothing is on time to
+    protect, and the backlog must drain about as fast as steps planned for throughput alone (before
+    late_step_seconds, late prompts went a token or so a step beside the late rows: 1.4x as long)."""
+    late = run(1e6, ttft_slo_ms=TTFT_S * 1e3, tpot_slo_ms=0.5 * TPOT_S * 1e3)
+    free = run(1e6, slo_scheduling=False)
+    assert late["failed"] == 0 and late["stats"].slo_missed >= 150
+    assert late["stats"].t_decode <= 1.15 * free["stats"].t_decode, (late["stats"].t_decode,
+                                                                     free["stats"].t_decode)
+
+
 def test_capacity_is_about_60():
     """The rate the loads above are fractions of: everything submitted at once, every simulated second a
     decode's, as a closed loop at full concurrency measures it."""

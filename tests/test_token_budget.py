@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from skippy.scheduling import Composer, Request, RequestState
 from skippy.scheduling.budget import TokenBudget
 from skippy.scheduling.cost import MIN_SAMPLES, StepCostModel, StepShape, attended_kcells
-from skippy.scheduling.slo import MARGIN, STALL_TPOTS, TPOT_FACTOR, SloPolicy
+from skippy.scheduling.slo import LATE_STEP_TTFTS, MARGIN, STALL_TPOTS, TPOT_FACTOR, SloPolicy, reference_ttft
 
 
 def cpu(shape: StepShape, slow: float = 1.0) -> float:
@@ -134,7 +134,15 @@ def test_a_step_takes_the_least_slack_of_the_on_time_streams_within_a_bound():
     assert math.isclose(slo.step_seconds([late, ahead], now, False), STALL_TPOTS * 0.05)
     assert late.late
     assert slo.step_seconds([late], now, waiting_on_time=True) == math.inf  # prompts that can still make it
-    assert slo.step_seconds([late], now, waiting_on_time=False) == 0.05
+    # only late work left: steps of LATE_STEP_TTFTS of a TTFT target, so a backlog drains at batch throughput
+    assert math.isclose(slo.step_seconds([late], now, waiting_on_time=False), LATE_STEP_TTFTS * 2.0)
+    tight = SloPolicy(trained(), ttft_s=0.1, tpot_s=0.05)  # never shorter than one TPOT target
+    late2 = stream(3, t_first=now - 10.0, generated=10)
+    assert tight.step_seconds([late2], now, waiting_on_time=False) == 0.05
+    derived = SloPolicy(trained(), tpot_s=0.001)  # TTFT derived per request: the reference prompt's
+    late3 = stream(4, t_first=now - 10.0, generated=10)
+    assert math.isclose(derived.step_seconds([late3], now, waiting_on_time=False),
+                        max(0.001, LATE_STEP_TTFTS * reference_ttft(derived.cost)))
 
 
 def test_the_budget_fills_what_the_slack_leaves_beside_the_decodes():

@@ -13,7 +13,9 @@ what decides whether it becomes late, not the budget.
 
 Late streams (scheduling.slo: they can no longer meet a target) decode in the time the on-time
 streams and prompts leave (`rows`), oldest first, at least LATE_LANES of them each step so each
-one ends; with nothing on time running or waiting they all decode (nobody to protect). Beside
+one ends; with nothing on time running or waiting they all decode (nobody to protect), in steps of
+LATE_STEP_TTFTS of a TTFT target, so late prompts go in large chunks and the backlog drains at batch
+throughput rather than a TPOT target's worth a step (scheduling.slo.late_step_seconds). Beside
 on-time work, a late row would otherwise lengthen every on-time stream's gap: at 1x capacity and
 over, that made on-time arrivals late in turn (served at 1.5x: goodput 0.75x its 1x).
 """

@@ -43,6 +43,7 @@ MARGIN = 0.95  # plan to this share of the TPOT target: the step loop's own time
 STALL_TPOTS = 2.0  # at most this many TPOT targets in one step, however much slack streams banked
 AGING_TTFTS = 4.0  # waiting this many TTFT targets counts as one priority level better
 LATE_LANES = 1  # late streams that decode every step whatever on-time work needs (so each one ends)
+LATE_STEP_TTFTS = 0.1  # with nothing on time to serve, a step of late work may take this share of a TTFT target
 
 
 @attrs.frozen
@@ -151,7 +152,8 @@ class SloPolicy:
     def step_seconds(self, decoding: Sequence[Request], now: float, waiting_on_time: bool) -> float:
         """How long the next step may take: the least slack of the on-time streams (at least nothing, at
         most STALL_TPOTS targets); with no on-time stream, as long as prompts that can still make their
-        first-token deadline need (unbounded), else one TPOT target."""
+        first-token deadline need (unbounded), else late_step_seconds: a backlog of late work drains at
+        batch throughput, not one TPOT target's worth a step."""
         t = self.resolve()
         if t is None:
             return math.inf
@@ -163,8 +165,15 @@ class SloPolicy:
             if not r.late:
                 slack = min(slack, self.token_deadline(r, t.tpot_s) - now)
         if slack == math.inf:
-            return math.inf if waiting_on_time else t.tpot_s
+            return math.inf if waiting_on_time else self.late_step_seconds(t)
         return min(max(slack, 0.0), STALL_TPOTS * t.tpot_s)
+
+    def late_step_seconds(self, t: SloTargets) -> float:
+        """A step when only late work is left: LATE_STEP_TTFTS of a TTFT target (at least one TPOT target).
+        Late prompts then go in chunks a matmul runs well, beside the late rows, while a request arriving
+        meanwhile waits at most that share of its own TTFT for the step in flight to end."""
+        ttft = t.ttft_s if t.ttft_s is not None else reference_ttft(self.cost)
+        return max(t.tpot_s, LATE_STEP_TTFTS * ttft)
 
     def decode_shape(self, decoding: Sequence[Request]) -> StepShape:
         return StepShape(len(decoding), 0, sum(r.cached + 1 for r in decoding) / 1000.0, 0)
