@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 from skippy.scheduling import Composer, Request, RequestState
 from skippy.scheduling.budget import TokenBudget
 from skippy.scheduling.cost import MIN_SAMPLES, StepCostModel, StepShape, attended_kcells
-from skippy.scheduling.slo import LATE_STEP_TTFTS, MARGIN, STALL_TPOTS, TPOT_FACTOR, SloPolicy, reference_ttft
+from skippy.scheduling.slo import (BORROW, LATE_STEP_TTFTS, MARGIN, STALL_TPOTS, TPOT_FACTOR, SloPolicy,
+                                  reference_ttft, sure_tokens)
 
 
 def cpu(shape: StepShape, slow: float = 1.0) -> float:
@@ -124,14 +125,15 @@ def test_targets_not_given_are_derived_from_the_machine():
 
 
 def test_a_step_takes_the_least_slack_of_the_on_time_streams_within_a_bound():
+    """Banked slack alone (borrow=False); what tokens to come may lend: the test after the next."""
     slo = SloPolicy(trained(), ttft_s=2.0, tpot_s=0.05)
     now = 100.0
     behind = stream(0, t_first=now - 0.05 * MARGIN * 10, generated=10)  # exactly on its deadline pace
     ahead = stream(1, t_first=now - 0.2, generated=10)  # 10 tokens in 0.2 s: banked slack
-    assert math.isclose(slo.step_seconds([ahead], now, False), STALL_TPOTS * 0.05)  # capped
-    assert math.isclose(slo.step_seconds([behind, ahead], now, False), 0.0, abs_tol=1e-9)
+    assert math.isclose(slo.step_seconds([ahead], now, False, borrow=False), STALL_TPOTS * 0.05)  # capped
+    assert math.isclose(slo.step_seconds([behind, ahead], now, False, borrow=False), 0.0, abs_tol=1e-9)
     late = stream(2, t_first=now - 10.0, generated=10)  # a mean gap of 1 s: no pace can save it
-    assert math.isclose(slo.step_seconds([late, ahead], now, False), STALL_TPOTS * 0.05)
+    assert math.isclose(slo.step_seconds([late, ahead], now, False, borrow=False), STALL_TPOTS * 0.05)
     assert late.late
     assert slo.step_seconds([late], now, waiting_on_time=True) == math.inf  # prompts that can still make it
     # only late work left: steps of LATE_STEP_TTFTS of a TTFT target, so a backlog drains at batch throughput
@@ -150,17 +152,47 @@ def test_the_budget_fills_what_the_slack_leaves_beside_the_decodes():
     slo = SloPolicy(cost, ttft_s=2.0, tpot_s=0.05)
     b = TokenBudget(512, slo)
     now = 100.0
-    s = stream(0, t_first=now - 0.1, generated=4)  # token 4 is due 4 x 0.05 x MARGIN s after its first
+    s = stream(0, t_first=now - 0.16, generated=4)  # token 4 is due 4 x 0.05 x MARGIN s after its first
     allowed = b.prefill_tokens([s], now, True)
-    seconds = slo.token_deadline(s, 0.05) - now
-    assert math.isclose(seconds, 4 * 0.05 * MARGIN - 0.1) and seconds < STALL_TPOTS * 0.05
+    banked = slo.token_deadline(s, 0.05) - now
+    assert math.isclose(banked, 4 * 0.05 * MARGIN - 0.16)
+    decode = cost.seconds(slo.decode_shape([s]))  # the pace its tokens to come catch up at
+    seconds = banked + BORROW * sure_tokens(s) * (MARGIN * 0.05 - decode)
+    assert seconds > banked and seconds < STALL_TPOTS * 0.05
+    assert math.isclose(slo.step_seconds([s], now, True), seconds)
     assert allowed == cost.prefill_for(seconds, slo.decode_shape([s]))
     predicted = cost.seconds(StepShape(1, allowed, slo.decode_shape([s]).attended_kcells, 0))
     assert predicted <= seconds + 1e-9 and allowed > 10
     assert b.prefill_tokens([], now) == 512  # no decodes: nobody to stall
     assert TokenBudget(512, None).prefill_tokens([s], now) == 511  # no budget
-    tight = stream(1, t_first=now - 1.0, generated=20)  # overdue: only the floor
+    tight = stream(1, t_first=now - 0.97, generated=20, remaining=1)  # overdue, its last token next: the floor
     assert b.prefill_tokens([tight], now, True) == 1
+    behind = stream(2, t_first=now - 1.0, generated=20)  # overdue, but 19 tokens to come can make it up
+    assert b.prefill_tokens([behind], now, True) > 1
+
+
+def test_a_stream_lends_a_step_only_the_headroom_of_tokens_sure_to_come():
+    r = stream(0, t_first=99.0, generated=4, remaining=60)
+    assert sure_tokens(r) == 3  # it may stop at its end token: no more than it has made
+    r.ignore_eos = True
+    assert sure_tokens(r) == 59  # only the length ends it
+    r.stop = ("\n",)
+    assert sure_tokens(r) == 3
+    r.min_tokens = 30
+    assert sure_tokens(r) == 25  # nothing ends it before min_tokens
+    slo = SloPolicy(trained(), ttft_s=2.0, tpot_s=0.2)  # a loose TPOT target, streams far ahead of its pace
+    now = 100.0
+    young = stream(1, t_first=now - 0.01, generated=1, remaining=63)  # just had its first token
+    assert math.isclose(slo.step_seconds([young], now, True), 0.2 * MARGIN - 0.01)  # nothing sure to come
+    young.ignore_eos = True  # 62 tokens to come at decode pace: it can spare a long step now
+    assert math.isclose(slo.step_seconds([young], now, True), STALL_TPOTS * 0.2)
+    cost = trained()
+    probe = stream(2, t_first=now, generated=10)
+    tpot = cost.seconds(slo.decode_shape([probe])) / MARGIN  # a decode-only step is the target pace itself
+    on_pace = stream(2, t_first=now - 10 * tpot * MARGIN, generated=10)
+    on_pace.ignore_eos = True
+    tight = SloPolicy(cost, ttft_s=2.0, tpot_s=tpot)  # tokens to come cannot catch up: no headroom to lend
+    assert math.isclose(tight.step_seconds([on_pace], now, True), 0.0, abs_tol=1e-9)
 
 
 def test_the_composer_puts_on_time_prompts_before_late_ones_and_then_by_deadline():

@@ -74,7 +74,8 @@ class TokenBudget:
         if targets is None or not (on or prompts):
             return decoding
         late = sorted((r for r in decoding if r.late), key=lambda r: r.t_arrival)
-        seconds = slo.step_seconds(on, now, bool(prompts)) if on else math.inf
+        # banked slack only: headroom borrowed from tokens to come is for prompts that can still make it
+        seconds = slo.step_seconds(on, now, bool(prompts), borrow=False) if on else math.inf
         want = min(sum(r.pending for r in prompts), max(0, self.n_batch - len(decoding)))
         if seconds == math.inf:  # on-time prompts and no on-time stream: late rows take no more than a target's step
             seconds = MARGIN * targets.tpot_s
