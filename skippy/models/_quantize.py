@@ -18,7 +18,7 @@ from ..errors import ModelLoadError
 
 # llama_ftype values of include/llama.h at the pin
 FTYPES: dict[str, int] = {
-    "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "BF16": 32,
+    "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18, "BF16": 32,
 }
 TIMEOUT_S = 900.0
 

@@ -1,7 +1,10 @@
 // Kernel-level batch invariance of ggml's CPU matmul: column j of W x X must be the same
 // bytes whether X has 1 column or n (the other columns are different data), and likewise a
 // token's rows of MUL_MAT_ID (MoE experts) whether 1 or n tokens are routed to the same experts.
-// Prints one line per (mode, op, type): the largest difference over n in NS. Built and run by
+// Prints one line per (mode, op, type): the largest difference over n in NS; then, per type, a
+// line "agree mul_mat <type> <worst>": the largest difference of a batch-invariant column (any n)
+// from the default kernels' one-column result (upstream's vec_dot), relative to the largest
+// |output|, so an invariant kernel that is invariant but wrong fails too. Built and run by
 // test_matmul_kernels.py.
 #include "ggml.h"
 #include "ggml-backend.h"
@@ -136,6 +139,16 @@ int main(void) {
                 printf("%s %s %s %g\n", invariant ? "on" : "off", CASES[c].op, ggml_type_name(TYPES[t]), worst);
             }
         }
+    }
+    for (size_t t = 0; t < sizeof(TYPES) / sizeof(TYPES[0]); t++) {
+        float scale = 0.0f, worst = 0.0f;
+        last_column(TYPES[t], K, M, 1, wf, x, one, 0, 1);
+        for (int i = 0; i < M; i++) scale = fmaxf(scale, fabsf(one[i]));
+        for (int k = -1; k < (int) (sizeof(NS) / sizeof(NS[0])); k++) {
+            last_column(TYPES[t], K, M, k < 0 ? 1 : NS[k], wf, x, many, 1, 2);
+            for (int i = 0; i < M; i++) worst = fmaxf(worst, fabsf(one[i] - many[i]));
+        }
+        printf("agree mul_mat %s %g\n", ggml_type_name(TYPES[t]), worst / scale);
     }
     return 0;
 }

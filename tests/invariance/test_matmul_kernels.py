@@ -47,3 +47,14 @@ def test_a_batched_matmuls_columns_are_the_same_bytes_at_any_column_count(measur
 def test_the_default_kernels_do_depend_on_the_batch(measured, op):
     """Not a requirement, a check that the harness can see a difference at all."""
     assert any(worst > 0 for (mode, o, _), worst in measured.items() if mode == "off" and o == op)
+
+
+AGREE = 1e-5  # relative to the largest |output|: f32 rounding of K = 1024 products summed in another order
+
+
+@pytest.mark.parametrize("type_name", TYPES)
+def test_an_invariant_column_agrees_with_the_default_kernels(measured, type_name):
+    """Invariance alone would pass a kernel that is consistently wrong: every invariant column (1 to 64 in
+    the call) must also match upstream's own one-column result (vec_dot) to rounding. Q4_1 has no upstream
+    tinyBLAS path; patch 0015's kernel is held to vec_dot here."""
+    assert measured[("agree", "mul_mat", type_name)] <= AGREE
