@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -286,3 +287,29 @@ def test_a_first_token_estimate_counts_the_rows_that_end_before_it():
     gate = slo.gate(ending[:1], now)
     gate.take(endless[0])  # an admitted request counts to its end too
     assert gate.ends == [2, 10_000] and gate.first_token_eta(new) > slo.gate(ending[:1], now).first_token_eta(new)
+
+
+def test_admission_prices_a_row_with_its_cells_when_the_fit_puts_a_rows_cost_there():
+    """Decode steps grow rows and cells together, and served on falcon-h1 the fit moved a row's whole cost
+    into the cells coefficient (0 s a row). Admission must still count the new stream's row: with its
+    cells, not as a free row beside the running ones' cells."""
+    cost = StepCostModel(prior=np.array((5e-3, 0.0, 2e-3, 20e-3, 0.0)))  # 20 ms a thousand cells, nothing a row
+    cost.samples = MIN_SAMPLES
+    slo = SloPolicy(cost, ttft_s=2.0, tpot_s=0.05)
+    now = 100.0
+
+    def running(n: int) -> list[Request]:
+        out = []
+        for i in range(n):
+            r = Request(i, np.arange(1, 141, dtype=np.int32), 64)
+            r.generated, r.cached, r.seq_id, r.state, r.t_first = [1] * 9, 148, i, RequestState.RUNNING, now - 1
+            out.append(r)  # 149 cells each: 2.98 ms a row
+        return out
+
+    new = Request(99, np.arange(1, 149, dtype=np.int32), 64, t_arrival=now)
+    # 5 ms + 14 rows x 2.98 ms = 46.7 ms <= 0.95 x 50 ms; a 15th (its 149 cells) makes 49.7 ms
+    assert slo.gate(running(13), now).decode_room(new)
+    assert not slo.gate(running(14), now).decode_room(new)
+    assert slo.gate(running(14), now).max_rows() == 14
+    assert not slo.gate(running(14), now).decode_room()  # one like the running ones
+    assert cost.per_decode_row() == pytest.approx(1e-6) and cost.per_decode_row(0.149) == pytest.approx(2.98e-3)

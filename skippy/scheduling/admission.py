@@ -167,7 +167,7 @@ class Admission:
                 self.cancelled_here.append(head)
                 continue
             if slo is not None and head.fork_of is None:  # a fork goes with its first choice (scheduling.forks)
-                if not slo.decode_room():
+                if not slo.decode_room(head):
                     self.slo_held = True  # the running set is as large as the TPOT target allows
                     break
                 if not head.late and not head.preemptions:

@@ -83,6 +83,6 @@ class TokenBudget:
         start = prompts[0].cached if prompts else 0
         p_on = min(want, max(self.min_prefill if want else 0, slo.cost.prefill_for(seconds, shape, start)))
         used = slo.cost.seconds(StepShape(len(on), p_on, shape.attended_kcells, 0))
-        per_row = max(slo.cost.per_decode_row(), 1e-9)
+        per_row = slo.cost.per_decode_row(sum(r.cached + 1 for r in late) / 1000.0 / len(late))
         k = int(max(0.0, seconds - used) / per_row)
         return on + late[: max(LATE_LANES, k)]

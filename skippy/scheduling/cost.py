@@ -110,9 +110,12 @@ class StepCostModel:
     def seconds(self, shape: StepShape) -> float:
         return max(0.0, float(self.theta() @ shape.features()))
 
-    def per_decode_row(self) -> float:
+    def per_decode_row(self, kcells: float = 0.0) -> float:
+        """The marginal cost of one more decode row that attends `kcells` thousand cells. In decode steps rows
+        and cells grow together, so the fit may put a row's cost in either coefficient (served on falcon-h1
+        it drifted to 0 s a row and 24 ms a thousand cells): only the two together are a row's cost."""
         t = self.theta()
-        return max(MIN_PER_TOKEN_S, float(t[1]))
+        return max(MIN_PER_TOKEN_S, float(t[1] + t[3] * kcells))
 
     def per_prefill_token(self, start: int = 0) -> float:
         """The marginal cost of one more prompt token at about position `start`."""

@@ -255,17 +255,26 @@ class SloGate:
         itself, seen served at 1x capacity)."""
         return free_lanes - 1 >= min(self.max_rows(), ceiling // 2) - (self.rows - self.late)
 
-    def max_rows(self) -> int:
-        """The most rows a decode-only step of this running set can have within MARGIN x the TPOT target."""
-        cost = self.policy.cost
-        base = cost.seconds(StepShape(0, 0, self.kcells, 0))
-        return max(1, int((MARGIN * self.tpot_s - base) / cost.per_decode_row()))
+    def row_kcells(self) -> float:
+        """The cells a row attends, in thousands: the on-time rows' mean (a REFERENCE_PROMPT's with none)."""
+        on = self.rows - self.late
+        return self.kcells / on if on else REFERENCE_PROMPT / 1000.0
 
-    def decode_room(self) -> bool:
-        """One more on-time stream keeps a decode-only step within MARGIN x the TPOT target."""
+    def max_rows(self) -> int:
+        """The most rows a decode-only step of this running set can have within MARGIN x the TPOT target,
+        each row with its cells (rows like the on-time ones)."""
+        cost = self.policy.cost
+        base = cost.seconds(StepShape(0, 0, 0.0, 0))
+        return max(1, int((MARGIN * self.tpot_s - base) / cost.per_decode_row(self.row_kcells())))
+
+    def decode_room(self, r: Request | None = None) -> bool:
+        """One more on-time stream (`r`, or one like the running ones) keeps a decode-only step within MARGIN
+        x the TPOT target, its own cells counted: leaving them out let a fit that priced rows by their cells
+        admit rows for free (served on falcon-h1: the TPOT of streams admitted on time went to 480 ms)."""
         if self.rows == self.late:
             return True  # nothing on time runs (an idle engine, or targets nobody can meet): nobody to protect
-        shape = StepShape(self.on_rows + 1, 0, self.kcells, 0)
+        own = (r.n_tokens + 1) / 1000.0 if r is not None else self.row_kcells()
+        shape = StepShape(self.on_rows + 1, 0, self.kcells + own, 0)
         return self.policy.cost.seconds(shape) <= MARGIN * self.tpot_s
 
     def first_token_eta(self, r: Request) -> float:
