@@ -336,7 +336,8 @@ def build_policies(runtime: Runtime, cfg: EngineConfig, plan: LanePlan, clock: C
     scheduler = StepScheduler(runtime.n_batch, cfg.decode_reserve, runtime.ledger(), _prefix_cache(runtime, cfg, plan),
                               budget=_token_budget(runtime.n_batch, cfg), overlap=bool(cfg.overlap_steps),
                               run_ahead=bool(cfg.run_ahead), clock=clock,
-                              exact=bool(getattr(runtime, "share_exact", False)))
+                              exact=bool(getattr(runtime, "share_exact", False)),
+                              equal_split=bool(getattr(runtime, "equal_split", False)))
     exact = bool(getattr(runtime, "share_exact", False))
     return Policies(Admission(plan.ceiling, cfg.max_waiting, cfg.decode_reserve, cfg.priority_key, exact),
                     Preemption(cfg.victim_policy, cfg.max_preemptions), scheduler)

@@ -125,6 +125,8 @@ class ContextRuntime:
         self._texts: list[bytes] | None = None  # every token's text, for DRY's breaker tables (on first use)
         self._eog: dict[int, bool] = {}
         self.share_exact = self.kv_class.recurrent or self.kv_class is KvClass.ISWA
+        # over recurrent memory llama.cpp splits a batch into equal-length ubatches (scheduling.cost.equal_splits)
+        self.equal_split = self.kv_class.recurrent
         settings = {k: v for k, v in attrs.asdict(options).items() if k not in _NOT_IN_IDENTITY}
         self.prefix_identity = identity_seed(file_digest(model.path), model.arch, settings)
         self._n_swa = model.n_swa if self.kv_class is KvClass.ISWA else 0
@@ -215,9 +217,23 @@ class ContextRuntime:
                     np.array(seqs, dtype=np.int32), np.ones(k, dtype=np.int8))
         return StepShape(k, 0, k * (pos + 1) / 1000.0, 0), time.perf_counter() - t0
 
+    def _probe_mixed(self, seqs: list[int], pos: int, seq: int, n: int) -> tuple[Any, float]:
+        """Decode rows beside a fresh prompt of `n` tokens on `seq`: over recurrent memory a ubatch more."""
+        from .scheduling.cost import StepShape, attended_kcells
+
+        k = len(seqs)
+        self.seq_rm(seq)
+        tokens = np.r_[np.full(k, (pos * 3 + 2) % self.n_vocab), (np.arange(n) * 5 + 3) % self.n_vocab].astype(np.int32)
+        positions = np.r_[np.full(k, pos), np.arange(n)].astype(np.int32)
+        outputs = np.r_[np.ones(k), np.zeros(n - 1), np.ones(1)].astype(np.int8)
+        t0 = time.perf_counter()
+        self.decode(tokens, positions, np.r_[seqs, np.full(n, seq)].astype(np.int32), outputs)
+        return StepShape(k, n, k * (pos + 1) / 1000.0 + attended_kcells(0, n), 1, 1), time.perf_counter() - t0
+
     def probe_step_costs(self) -> list[tuple[Any, float]]:
         """Time a few steps of known shape on this context before it serves (a prompt, then one-row decodes
-        after it, for each of PROBE_PROMPTS; then PROBE_ROWS rows side by side), and leave the memory as it was: what the step-cost model
+        after it, for each of PROBE_PROMPTS; then PROBE_ROWS rows side by side, and over recurrent memory
+        rows beside a prompt), and leave the memory as it was: what the step-cost model
         starts from, so the latency targets are this machine's from the first request (scheduling.slo).
         Call it before the engine starts (it decodes on seq 0)."""
         from .native.context import TEST_FAULT_ENV
@@ -241,6 +257,10 @@ class ContextRuntime:
                     samples.append(self._probe_prompt(s, n))
                 for i in range(PROBE_DECODES):
                     samples.append(self._probe_decode(list(range(rows)), n + i))
+                m = min(n, self.n_batch - rows + 1)
+                if self.equal_split and m >= 2 and n + 2 * PROBE_DECODES < self.n_ctx // rows:
+                    for i in range(PROBE_DECODES):  # then rows beside a prompt: what a ubatch more costs
+                        samples.append(self._probe_mixed(list(range(rows - 1)), n + PROBE_DECODES + i, rows - 1, m))
         finally:
             for s in range(rows):
                 self.seq_rm(s)

@@ -12,16 +12,16 @@ from hypothesis import strategies as st
 
 from skippy.scheduling import Composer, Request, RequestState
 from skippy.scheduling.budget import TokenBudget
-from skippy.scheduling.cost import MIN_SAMPLES, StepCostModel, StepShape, attended_kcells
+from skippy.scheduling.cost import MIN_SAMPLES, StepCostModel, StepShape, attended_kcells, equal_splits
 from skippy.scheduling.slo import (BORROW, LATE_STEP_TTFTS, MARGIN, STALL_TPOTS, TPOT_FACTOR, SloPolicy,
                                   reference_ttft, sure_tokens)
 
 
 def cpu(shape: StepShape, slow: float = 1.0) -> float:
     """A 2-core CPU's step, roughly (bench/results/step-shape): 5 ms, 3 ms a row, 3 ms a prompt token,
-    20 us per thousand cells attended, 1 ms a new state."""
+    20 us per thousand cells attended, 1 ms a new state, 8 ms a ubatch more (recurrent memory's splits)."""
     return slow * (5e-3 + 3e-3 * shape.decode_rows + 3e-3 * shape.prefill_tokens + 2e-5 * shape.attended_kcells
-                   + 1e-3 * shape.new_states)
+                   + 1e-3 * shape.new_states + 8e-3 * shape.splits)
 
 
 def shapes(rng: np.random.Generator, n: int) -> list[StepShape]:
@@ -31,7 +31,8 @@ def shapes(rng: np.random.Generator, n: int) -> list[StepShape]:
         if d + p == 0:
             d = 1
         start = int(rng.integers(0, 2000))
-        out.append(StepShape(d, p, d * start / 1000.0 + attended_kcells(start, p), int(p > 0)))
+        splits = int(rng.integers(1, 3)) * int(d > 0 and p > 0 and rng.random() < 0.5)  # beside decode rows
+        out.append(StepShape(d, p, d * start / 1000.0 + attended_kcells(start, p), int(p > 0), splits))
     return out
 
 
@@ -46,9 +47,12 @@ def test_the_model_converges_to_a_step_cost_that_is_linear_in_the_shape():
     m = trained()
     assert m.calibrated
     for s in shapes(np.random.default_rng(1), 50):
-        assert math.isclose(m.seconds(s), cpu(s), rel_tol=0.02, abs_tol=2e-4), s
+        # 3%: the ridge holds the weakly excited directions (the fixed cost, new states, splits) near the
+        # default prior (0) from a cold start; served, the probe at open sets the prior to this machine's fit
+        assert math.isclose(m.seconds(s), cpu(s), rel_tol=0.03, abs_tol=2e-4), s
     assert math.isclose(m.per_decode_row(), 3e-3, rel_tol=0.05)
     assert math.isclose(m.per_prefill_token(), 3e-3, rel_tol=0.05)
+    assert math.isclose(m.split_seconds(), 8e-3, rel_tol=0.05)
 
 
 def test_the_model_adapts_when_the_machine_slows_down_mid_run():
@@ -293,7 +297,7 @@ def test_admission_prices_a_row_with_its_cells_when_the_fit_puts_a_rows_cost_the
     """Decode steps grow rows and cells together, and served on falcon-h1 the fit moved a row's whole cost
     into the cells coefficient (0 s a row). Admission must still count the new stream's row: with its
     cells, not as a free row beside the running ones' cells."""
-    cost = StepCostModel(prior=np.array((5e-3, 0.0, 2e-3, 20e-3, 0.0)))  # 20 ms a thousand cells, nothing a row
+    cost = StepCostModel(prior=np.array((5e-3, 0.0, 2e-3, 20e-3, 0.0, 0.0)))  # 20 ms a thousand cells, nothing a row
     cost.samples = MIN_SAMPLES
     slo = SloPolicy(cost, ttft_s=2.0, tpot_s=0.05)
     now = 100.0
@@ -313,3 +317,42 @@ def test_admission_prices_a_row_with_its_cells_when_the_fit_puts_a_rows_cost_the
     assert slo.gate(running(14), now).max_rows() == 14
     assert not slo.gate(running(14), now).decode_room()  # one like the running ones
     assert cost.per_decode_row() == pytest.approx(1e-6) and cost.per_decode_row(0.149) == pytest.approx(2.98e-3)
+
+
+def test_equal_splits_counts_the_ubatches_llama_cpp_makes_of_a_recurrent_batch():
+    assert equal_splits([]) == 0 and equal_splits([1, 1, 1]) == 0  # decode rows: one ubatch
+    assert equal_splits([1, 1, 64]) == 1  # a prompt chunk beside them: all x 1 token, then its 63 alone
+    assert equal_splits([1, 64, 64]) == 1 and equal_splits([1, 64, 32]) == 2 and equal_splits([64, 32]) == 1
+
+
+def prompt_req(rid: int, n: int, deadline: float) -> Request:
+    r = Request(rid, np.arange(1, n + 1, dtype=np.int32), 8)
+    r.state, r.seq_id, r.deadline, r.admitted_at = RequestState.RUNNING, rid, deadline, rid
+    return r
+
+
+def test_over_recurrent_memory_prompt_chunks_beside_decode_rows_share_one_length():
+    """Each distinct chunk length is a ubatch of its own (the weights streamed again): beside decode rows the
+    composer gives later prompts the first chunk's length or leaves them for a later step, and the budget
+    prices the one split the first chunk makes."""
+    cost = trained()
+    slo = SloPolicy(cost, ttft_s=2.0, tpot_s=1.0)  # a loose target: the budget holds every chunk below
+    now = 100.0
+
+    def plan(equal_split: bool, sizes: list[int]):
+        c = Composer(512, TokenBudget(512, slo), equal_split=equal_split)
+        c.add([stream(i, t_first=now - 0.01, generated=1) for i in range(4)]
+              + [prompt_req(10 + k, n, 101.0 + k) for k, n in enumerate(sizes)])
+        return c.compose(now=now)
+
+    mixed = plan(True, [20, 200, 8, 300])
+    lengths = [ch.n for ch in mixed.chunks if not ch.decode]
+    assert len(set(lengths)) == 1 and lengths[0] == 20 and len(lengths) == 3  # the 8-token one waits
+    assert mixed.shape.splits == 1 == equal_splits(np.unique(mixed.seq_ids, return_counts=True)[1].tolist())
+    plain = plan(False, [20, 200, 8, 300])
+    assert plain.shape.splits == 0 and [ch.n for ch in plain.chunks if not ch.decode][:3] == [20, 200, 8]
+    # the budget: one chunk beside the rows costs a split, so it takes that much less than where nothing splits
+    on = [stream(i, t_first=now - 0.01, generated=1) for i in range(4)]
+    b = TokenBudget(512, slo)
+    whole, split = b.prefill_tokens(on, now, True), b.prefill_tokens(on, now, True, split=True)
+    assert whole - split == pytest.approx(cost.split_seconds() / cost.per_prefill_token(), abs=1.5)

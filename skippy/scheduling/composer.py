@@ -16,7 +16,7 @@ import numpy as np
 
 from ..errors import SkippyError
 from .budget import TokenBudget
-from .cost import StepShape, attended_kcells
+from .cost import StepShape, attended_kcells, equal_splits
 from .logprobs import LogitRows, RowLogprobs, plan_rows
 from .requests import FinishReason, LogprobEvent, Request, RequestState, TokenEvent
 from .text import TextAssembler
@@ -112,9 +112,12 @@ class Emitted:
 
 
 class Composer:
-    def __init__(self, n_batch: int, budget: TokenBudget | None = None) -> None:
+    def __init__(self, n_batch: int, budget: TokenBudget | None = None, equal_split: bool = False) -> None:
         self.n_batch = n_batch
         self.budget = budget
+        # recurrent memory: llama.cpp splits a batch into equal-length ubatches (scheduling.cost.equal_splits),
+        # so beside decode rows prompt chunks go in one length, the first's: each other length is a ubatch more
+        self.equal_split = equal_split
         self.running: list[Request] = []  # admission order
         self.n_logprobs = 0  # running requests that asked for logprobs: a step builds LogitRows only then
 
@@ -153,12 +156,21 @@ class Composer:
         left = budget - len(fit)
         if self.budget is not None and fit and prefilling:
             on_time = any(not r.late for r in prefilling)
-            left = min(left, self.budget.prefill_tokens(fit, now, on_time, prefilling[0].cached))
+            left = min(left, self.budget.prefill_tokens(fit, now, on_time, prefilling[0].cached,
+                                                        split=self.equal_split))
         kcells = sum(r.cached + 1 for r in fit) / 1000.0
+        joined = 0  # beside decode rows over recurrent memory: the one chunk length of this step's ubatch
         for r in prefilling:
             if left <= 0:
                 break
             n = min(r.pending, left, _to_next_pause(r))
+            if self.equal_split and fit:
+                if not joined:
+                    joined = n
+                elif n < joined:
+                    continue  # shorter: a ubatch of its own; a later prompt may still fit the length
+                else:
+                    n = joined
             chunks.append(Chunk(r, r.cached, n, n == r.pending, False))
             kcells += attended_kcells(r.cached, n)
             left -= n
@@ -182,7 +194,8 @@ class Composer:
             i += c.n
         rows = plan_rows(chunks, out) if self.n_logprobs else None
         new = sum(1 for c in chunks if c.start == c.request.shared_tokens)
-        shape = StepShape(n_dec, int(tok.size) - n_dec, kcells, new)
+        splits = equal_splits([c.n for c in chunks]) if self.equal_split else 0
+        shape = StepShape(n_dec, int(tok.size) - n_dec, kcells, new, splits)
         return StepPlan(tuple(chunks), tok, pos, seq, out, len(kept) - n_dec, rows, shape, len(decoding) - len(kept))
 
     def apply(

@@ -4,7 +4,10 @@ A step's wall time on a CPU is close to additive in what it computes (bench/resu
 a fixed cost (the weights streamed once), a cost per decode row (the output projection and
 sampling), a cost per prompt token, and the attention over the cells each row attends to, which
 grows with the context. Recurrent families add a state copy per sequence computed for the first
-time. So the model is linear in those features, fitted by exponentially weighted least squares:
+time, and a ubatch per distinct chunk length: llama.cpp splits a batch over recurrent memory into
+equal-length ubatches (decode rows are one token each, so a prompt chunk beside them is a second
+ubatch, and every ubatch streams the weights again; about 20 ms each on falcon-h1, a two-core box).
+So the model is linear in those features, fitted by exponentially weighted least squares:
 
     A <- decay * A + x x^T,  b <- decay * b + x y,  theta = (A + ridge I)^-1 (b + ridge theta0)
 
@@ -24,7 +27,7 @@ import math
 import attrs
 import numpy as np
 
-FEATURES = ("fixed", "decode_rows", "prefill_tokens", "attended_kcells", "new_states")
+FEATURES = ("fixed", "decode_rows", "prefill_tokens", "attended_kcells", "new_states", "splits")
 N_FEATURES = len(FEATURES)
 DECAY = 0.98  # ~50 steps of memory
 RIDGE = 0.5  # weight of the prior, in steps' worth of evidence
@@ -35,19 +38,29 @@ MIN_PER_TOKEN_S = 1e-6  # the floor of a marginal cost (1 us per token: no machi
 @attrs.frozen
 class StepShape:
     """What a step computes: decode rows, prompt tokens, thousands of cells attended (summed over
-    every row of every attention component), and sequences whose state is set up for the first time."""
+    every row of every attention component), sequences whose state is set up for the first time, and
+    ubatches beyond the first (`splits`: only over recurrent memory, see `equal_splits`)."""
 
     decode_rows: int = 0
     prefill_tokens: int = 0
     attended_kcells: float = 0.0
     new_states: int = 0
+    splits: int = 0
 
     def features(self) -> np.ndarray:
-        return np.array((1.0, self.decode_rows, self.prefill_tokens, self.attended_kcells, self.new_states))
+        return np.array((1.0, self.decode_rows, self.prefill_tokens, self.attended_kcells, self.new_states,
+                         self.splits))
 
     @property
     def tokens(self) -> int:
         return self.decode_rows + self.prefill_tokens
+
+
+def equal_splits(lengths) -> int:
+    """Ubatches beyond the first that llama.cpp's equal-length split makes of a batch whose sequences bring
+    these token counts (a decode row 1): each ubatch takes as many tokens from every sequence left as
+    the shortest has, so there is one per distinct count."""
+    return max(0, len(set(lengths)) - 1)
 
 
 def attended_kcells(start: int, n: int) -> float:
@@ -62,7 +75,7 @@ class StepCostModel:
 
     decay: float = DECAY
     ridge: float = RIDGE
-    prior: np.ndarray = attrs.field(factory=lambda: np.array((0.0, 1e-3, 1e-3, 0.0, 0.0)))
+    prior: np.ndarray = attrs.field(factory=lambda: np.array((0.0, 1e-3, 1e-3, 0.0, 0.0, 0.0)))
     samples: int = 0
     _a: np.ndarray = attrs.field(init=False)
     _b: np.ndarray = attrs.field(init=False)
@@ -117,6 +130,10 @@ class StepCostModel:
         t = self.theta()
         return max(MIN_PER_TOKEN_S, float(t[1] + t[3] * kcells))
 
+    def split_seconds(self) -> float:
+        """What one more ubatch in a step costs (0 where steps are never split: nothing taught it)."""
+        return max(0.0, float(self.theta()[5]))
+
     def per_prefill_token(self, start: int = 0) -> float:
         """The marginal cost of one more prompt token at about position `start`."""
         t = self.theta()
@@ -126,10 +143,11 @@ class StepCostModel:
         """A prompt computed alone, in one step."""
         return self.seconds(StepShape(0, n_tokens, attended_kcells(start, n_tokens), 1))
 
-    def prefill_for(self, seconds: float, base: StepShape, start: int = 0) -> int:
+    def prefill_for(self, seconds: float, base: StepShape, start: int = 0, split: bool = False) -> int:
         """The most prompt tokens (from position about `start`) that a step of `base` can take and stay
-        within `seconds`; 0 when `base` alone already costs that much."""
-        left = seconds - self.seconds(base)
+        within `seconds`; 0 when `base` alone already costs that much. `split`: the chunk is a ubatch of its
+        own (over recurrent memory, beside decode rows), which costs what a split does."""
+        left = seconds - self.seconds(base) - (self.split_seconds() if split else 0.0)
         if left <= 0:
             return 0
         return int(left / self.per_prefill_token(start))

@@ -48,8 +48,9 @@ class StepScheduler:
 
     def __init__(self, n_batch: int, decode_reserve: int, ledger: Ledger, prefix: PrefixCache | None = None,
                  totals: Totals | None = None, budget: TokenBudget | None = None, overlap: bool = True,
-                 exact: bool = False, run_ahead: bool = True, clock: Any = time.perf_counter) -> None:
-        self.composer = Composer(n_batch, budget)
+                 exact: bool = False, run_ahead: bool = True, clock: Any = time.perf_counter,
+                 equal_split: bool = False) -> None:
+        self.composer = Composer(n_batch, budget, equal_split)
         self.clock = clock  # the latency targets' clock: requests' t_arrival is on it (scheduling.slo)
         self.slo = budget.slo if budget is not None else None
         self._targets_told = False

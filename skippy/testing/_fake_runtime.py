@@ -73,12 +73,17 @@ class FakeRuntime:
         eog_every: int = 0,  # 0: never end early; k: tokens whose hash % k == 0 end the generation
         prefix: bool = False,
         step_cost: "Callable[[int, int], float] | None" = None,
+        split_cost: float = 0.0,
     ) -> None:
         self.n_ctx, self.n_batch, self.n_seq_max, self.n_vocab = n_ctx, n_batch, n_seq_max, n_vocab
         self.recurrent = recurrent
         self.eog_every = eog_every
         self.prefix_identity: bytes | None = b"fake-runtime" if prefix else None
         self.share_exact = recurrent
+        # recurrent: a batch goes in equal-length ubatches, as llama.cpp splits it, each one more costing
+        # `split_cost` seconds on top of step_cost (scheduling.cost.equal_splits)
+        self.equal_split = recurrent
+        self.split_cost = split_cost
         self.hidden = 0
         # Simulated time (scheduling.slo): each decode takes step_cost(decode rows, prompt tokens) seconds of
         # `clock`, which moves only by decodes (and FakeClock.advance), and reports it as its t_decode
@@ -157,6 +162,10 @@ class FakeRuntime:
             out += [(StepShape(0, n, attended_kcells(0, n), 1), float(self.step_cost(1, n - 1)))] * rows
             out += [(StepShape(rows, 0, rows * (n + i + 1) / 1000.0, 0), float(self.step_cost(rows, 0)))
                     for i in range(PROBE_DECODES)]
+            if self.equal_split:  # rows beside a prompt, as ContextRuntime's probe does over recurrent memory
+                m = min(n, self.n_batch - rows + 1)
+                out += [(StepShape(rows - 1, m, (rows - 1) * (n + i + 1) / 1000.0 + attended_kcells(0, m), 1, 1),
+                         float(self.step_cost(rows, m - 1)) + self.split_cost) for i in range(PROBE_DECODES)]
         return out
 
     def decode_sample(self, tokens: np.ndarray, positions: np.ndarray, seq_ids: np.ndarray, outputs: np.ndarray,
@@ -164,6 +173,10 @@ class FakeRuntime:
         sampled = decode_then_sample(self.decode, tokens, positions, seq_ids, outputs, samplers, rows)
         rows_out = int(np.count_nonzero(outputs))
         seconds = float(self.step_cost(rows_out, int(tokens.size) - rows_out))
+        if self.recurrent and self.split_cost:
+            from ..scheduling.cost import equal_splits
+
+            seconds += self.split_cost * equal_splits(np.unique(seq_ids, return_counts=True)[1].tolist())
         self.clock.advance(seconds)
         return Sampled(sampled.tokens, seconds, sampled.logprobs)
 
