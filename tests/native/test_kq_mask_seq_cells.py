@@ -7,30 +7,20 @@ chunked prefill and decodes mixed in (dense, sliding-window, MLA, hybrid recurre
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from _child import digest_with
 
 pytestmark = pytest.mark.native
 
 CHILD = Path(__file__).parent / "_fa_logits.py"
 
 
-def _digest(path: Path, invariant: bool, scan_all: bool) -> str:
-    env = dict(os.environ)
-    env.pop("SKIPPY_KQ_MASK_SCAN_ALL", None)
-    if scan_all:
-        env["SKIPPY_KQ_MASK_SCAN_ALL"] = "1"
-    out = subprocess.run([sys.executable, str(CHILD), str(path), "1" if invariant else "0", "512"],
-                         check=True, capture_output=True, text=True, timeout=600, env=env).stdout
-    return out.strip().splitlines()[-1]
-
-
 @pytest.mark.parametrize("name", ["llama", "gemma2", "deepseek2", "falcon-h1", "qwen3next", "smollm2", "gemma3"])
 @pytest.mark.parametrize("invariant", [True, False], ids=["invariant", "default"])
 def test_logits_are_those_of_the_full_scan(name, invariant, request, synth_model_path):
     path = request.getfixturevalue(f"{name}_path") if name in ("smollm2", "gemma3") else synth_model_path(name)
-    assert _digest(path, invariant, False) == _digest(path, invariant, True)
+    args = [str(path), "1" if invariant else "0", "512"]
+    assert digest_with(CHILD, args, "SKIPPY_KQ_MASK_SCAN_ALL", False) == digest_with(CHILD, args, "SKIPPY_KQ_MASK_SCAN_ALL", True)

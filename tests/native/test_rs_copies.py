@@ -8,30 +8,20 @@ state ranges span cells not in the step and reorders move cells, a sequence rest
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from _child import digest_with
 
 pytestmark = pytest.mark.native
 
 CHILD = Path(__file__).parent / "_rs_copies_logits.py"
 
 
-def _digest(path: Path, invariant: bool, copy_all: bool) -> str:
-    env = dict(os.environ)
-    env.pop("SKIPPY_RS_COPY_ALL", None)
-    if copy_all:
-        env["SKIPPY_RS_COPY_ALL"] = "1"
-    out = subprocess.run([sys.executable, str(CHILD), str(path), "1" if invariant else "0"],
-                         check=True, capture_output=True, text=True, timeout=600, env=env).stdout
-    return out.strip().splitlines()[-1]
-
-
 @pytest.mark.parametrize("name", ["mamba2", "falcon-h1", "qwen3next"])
 @pytest.mark.parametrize("invariant", [True, False], ids=["invariant", "default"])
 def test_logits_are_those_of_upstreams_copies(name, invariant, synth_model_path):
     path = synth_model_path(name)
-    assert _digest(path, invariant, False) == _digest(path, invariant, True)
+    args = [str(path), "1" if invariant else "0"]
+    assert digest_with(CHILD, args, "SKIPPY_RS_COPY_ALL", False) == digest_with(CHILD, args, "SKIPPY_RS_COPY_ALL", True)
