@@ -24,9 +24,11 @@ from pathlib import Path
 
 import numpy as np
 
-from skippy.models import real_model, synthetic_model
-from skippy.models.synth import BASE
-from skippy.native import Batch, Context, ContextOptions, Model
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.gate.sweep import isa  # noqa: E402
+from skippy.models import real_model, synthetic_model  # noqa: E402
+from skippy.models.synth import BASE  # noqa: E402
+from skippy.native import Batch, Context, ContextOptions, Model  # noqa: E402
 
 
 def measure(model: Model, invariant: bool, b: int, prompt: int, gen: int, threads: int) -> tuple[float, float]:
@@ -99,11 +101,13 @@ def main() -> None:
 
     args.out.mkdir(parents=True, exist_ok=True)
     meta = {"prompt": args.prompt, "gen": args.gen, "rounds": args.rounds, "threads": args.threads,
-            "machine": platform.processor() or platform.machine(),
+            "machine": platform.processor() or platform.machine(), "isa": isa(),
             "command": "python bench/batch_invariance.py " + " ".join(sys.argv[1:])}
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = [
         f"# Batch-invariant mode: cost (P={args.prompt}, G={args.gen}, {args.threads} threads, median of {args.rounds})",
+        "",
+        f"ISA: {meta['isa']}. Command: `{meta['command']}`.",
         "",
         "| model | B | prefill off tok/s | prefill on tok/s | cost | decode off tok/s | decode on tok/s | cost |",
         "|---|---|---|---|---|---|---|---|",
