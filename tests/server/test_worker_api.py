@@ -58,7 +58,13 @@ async def test_get_load_is_the_array_the_router_sums_num_tokens_of(synth_model_p
                         if line.startswith("data: "):
                             break
                     assert (await http.get("/load")).json() == {"server_load": 1}
-                    busy = (await http.get("/get_load")).json()[0]
+                    # between steps the request may sit in neither list for an instant (seen once in a
+                    # full-suite run): ask again while the stream, which runs for seconds, is open
+                    for _ in range(20):
+                        busy = (await http.get("/get_load")).json()[0]
+                        if busy["num_running_reqs"]:
+                            break
+                        await trio.sleep(0.01)
                     assert busy["num_reqs"] == busy["num_running_reqs"] == 1 and busy["num_tokens"] > 0
                     assert isinstance(busy["num_tokens"], int) and 0 < busy["kv"]["attn"]["usage"] <= 1
 
