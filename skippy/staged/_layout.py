@@ -18,28 +18,23 @@ LLAMA_CPP_DEFAULT_INTERVAL = 4
 INTERVAL_FAMILIES = frozenset({"qwen3next"})  # families whose recurrent layers follow full_attention_interval
 
 
-def _field(reader, key: str):
-    field = reader.fields.get(key)
-    return None if field is None else field.contents()
-
-
 def recurrent_layers(path: os.PathLike[str] | str) -> tuple[bool, ...] | None:
     """Per layer, whether it is recurrent, for the families that mix the two by an interval;
     None for any other family. As llama.cpp decides it: `<arch>.attention.recurrent_layers`
     when the file lists them, else every layer but each `<arch>.full_attention_interval`-th
     (default 4)."""
-    from gguf import GGUFReader
+    from ..native._gguf_header import read_header
 
-    reader = GGUFReader(os.fspath(path))
-    arch = _field(reader, "general.architecture")
+    fields = read_header(path).fields
+    arch = fields.get("general.architecture")
     if arch not in INTERVAL_FAMILIES:
         return None
-    n_layer = int(_field(reader, f"{arch}.block_count"))
-    listed = _field(reader, f"{arch}.attention.recurrent_layers")
+    n_layer = int(fields.get(f"{arch}.block_count"))
+    listed = fields.get(f"{arch}.attention.recurrent_layers")
     if listed is not None:
         flags = list(listed) if isinstance(listed, list) else [listed] * n_layer
         return tuple(bool(f) for f in flags[:n_layer])
-    interval = _field(reader, f"{arch}.full_attention_interval")
+    interval = fields.get(f"{arch}.full_attention_interval")
     interval = LLAMA_CPP_DEFAULT_INTERVAL if interval is None else int(interval)
     if interval < 1:
         raise SplitError(f"{arch}.full_attention_interval is {interval}: no layer would attend")

@@ -46,17 +46,16 @@ class PipelinePlan:
 def layer_costs(path: os.PathLike[str] | str) -> tuple[list[int], int]:
     """Parameters per layer and in the output head (the token embedding when tied), read from
     the GGUF's tensor table: a compute proxy for balanced_split, with no weights loaded."""
-    from gguf import GGUFReader
+    from ..native._gguf_header import read_header
 
-    reader = GGUFReader(os.fspath(path))
     per_layer: dict[int, int] = {}
     named = {}
-    for tensor in reader.tensors:
+    for tensor in read_header(path).tensors:
         match = _BLOCK.match(tensor.name)
         if match:
-            per_layer[int(match.group(1))] = per_layer.get(int(match.group(1)), 0) + int(tensor.n_elements)
+            per_layer[int(match.group(1))] = per_layer.get(int(match.group(1)), 0) + tensor.n_elements
         else:
-            named[tensor.name] = int(tensor.n_elements)
+            named[tensor.name] = tensor.n_elements
     head = named.get("output.weight", named.get("token_embd.weight", 0))
     return [per_layer.get(i, 0) for i in range(max(per_layer) + 1)], head
 
