@@ -59,8 +59,8 @@ async def test_get_load_is_the_array_the_router_sums_num_tokens_of(synth_model_p
                             break
                     assert (await http.get("/load")).json() == {"server_load": 1}
                     # between steps the request may sit in neither list for an instant (seen once in a
-                    # full-suite run): ask again while the stream, which runs for seconds, is open
-                    for _ in range(20):
+                    # full-suite run): ask again (up to 2 s) while the stream, which runs for seconds, is open
+                    for _ in range(200):
                         busy = (await http.get("/get_load")).json()[0]
                         if busy["num_running_reqs"]:
                             break
