@@ -8,6 +8,7 @@ of quant block sizes: 0.12 s for Gemma-3."""
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
 import struct
@@ -35,10 +36,7 @@ class TensorInfo:
 
     @property
     def n_elements(self) -> int:
-        n = 1
-        for d in self.dims:
-            n *= d
-        return n
+        return math.prod(self.dims)
 
 
 @attrs.frozen
@@ -100,10 +98,7 @@ def _n_bytes(name: str, ggml_type: int, dims: list[int]) -> int:
         raise MalformedGguf(f"tensor {name} has unknown type {ggml_type}") from None
     if dims and dims[0] % block:
         raise MalformedGguf(f"tensor {name}: a row of {dims[0]} is not a multiple of its block {block}")
-    n = 1
-    for d in dims:
-        n *= d
-    return n // block * type_size
+    return math.prod(dims) // block * type_size
 
 
 def walk(buf: mmap.mmap) -> GgufHeader:
