@@ -3,6 +3,8 @@ sglang-router 0.3.2 parses (see that module's docstring for the source files).""
 
 from __future__ import annotations
 
+from contextlib import aclosing
+
 import httpx
 import pytest
 import trio
@@ -44,6 +46,16 @@ async def test_server_and_model_info_have_the_fields_the_router_parses(synth_mod
                     assert mi["model_type"] == "llama" and mi["is_generation"] is True
 
 
+async def first_data(lines) -> None:
+    """Read up to the first SSE data line. The caller holds `lines` open for the block: an iterator dropped
+    mid-stream (`async for line in r.aiter_lines(): ... break`) is finalized at once, and its finalizer
+    closes the connection (httpcore closes on any BaseException, GeneratorExit too), so the server
+    cancels the request a moment later. That, not the scheduler, was /get_load's num_reqs 0 here."""
+    async for line in lines:
+        if line.startswith("data: "):
+            return
+
+
 async def test_get_load_is_the_array_the_router_sums_num_tokens_of(synth_model_path):
     """worker_manager.rs `get_worker_load`: an array; each entry's num_tokens an integer."""
     with trio.fail_after(30):
@@ -53,18 +65,10 @@ async def test_get_load_is_the_array_the_router_sums_num_tokens_of(synth_model_p
                 assert isinstance(idle, list) and len(idle) == 1
                 assert idle[0]["num_tokens"] == 0 and idle[0]["num_reqs"] == 0 and idle[0]["dp_rank"] == 0
                 assert set(idle[0]["kv"]) == {"attn"} and idle[0]["kv"]["attn"]["free"] > 0
-                async with http.stream("POST", "/v1/completions", json=LONG) as r:
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: "):
-                            break
+                async with http.stream("POST", "/v1/completions", json=LONG) as r, aclosing(r.aiter_lines()) as lines:
+                    await first_data(lines)
                     assert (await http.get("/load")).json() == {"server_load": 1}
-                    # between steps the request may sit in neither list for an instant (seen once in a
-                    # full-suite run): ask again (up to 2 s) while the stream, which runs for seconds, is open
-                    for _ in range(200):
-                        busy = (await http.get("/get_load")).json()[0]
-                        if busy["num_running_reqs"]:
-                            break
-                        await trio.sleep(0.01)
+                    busy = (await http.get("/get_load")).json()[0]
                     assert busy["num_reqs"] == busy["num_running_reqs"] == 1 and busy["num_tokens"] > 0
                     assert isinstance(busy["num_tokens"], int) and 0 < busy["kv"]["attn"]["usage"] <= 1
 
@@ -81,10 +85,8 @@ async def test_flush_cache_drops_prefixes_and_is_refused_with_a_json_400_while_r
                 assert hit.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0  # resident before the flush
                 await engine.settled()
                 assert engine.stats().prefix_entries >= 1
-                async with http.stream("POST", "/v1/completions", json=LONG) as r:
-                    async for line in r.aiter_lines():
-                        if line.startswith("data: "):
-                            break
+                async with http.stream("POST", "/v1/completions", json=LONG) as r, aclosing(r.aiter_lines()) as lines:
+                    await first_data(lines)
                     refused = await http.post("/flush_cache")
                     assert refused.status_code == 400 and refused.json()["error"]["code"] == "requests_running"
                 await engine.settled()
