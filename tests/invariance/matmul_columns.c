@@ -113,7 +113,7 @@ static const struct { const char * op; case_fn run; int outputs; } CASES[] = {
 
 int main(void) {
     const int K = 1024, M = 96;
-    const int NS[] = { 2, 3, 4, 5, 7, 8, 9, 16, 17, 33, 64 };
+    const int NS[] = { 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 17, 33, 64 };  // each side of every kernel switch
     const enum ggml_type TYPES[] = {
         GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q8_0, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0,
         GGML_TYPE_Q5_1, GGML_TYPE_Q4_K, GGML_TYPE_Q5_K, GGML_TYPE_Q6_K, GGML_TYPE_BF16,

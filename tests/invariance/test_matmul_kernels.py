@@ -2,8 +2,9 @@
 depend on how many columns share the call (1 to 64), for every weight type our models use
 and the common ones they do not (F16, BF16, Q4_0, Q5_1, Q5_K); and a token's MoE expert rows
 (MUL_MAT_ID) do not depend on how many tokens are routed to the same experts, nor a batched
-matmul's columns (src0 broadcast over src1's batches). Column counts below 8 and 8 or more take
-different kernels for the K-quants (patch 0009's gemv and the tiled kernel), and one column
+matmul's columns (src0 broadcast over src1's batches). Column counts below 8 (AVX512-VNNI) or 13
+(AVX2, patch 0019) and above take different kernels for the K-quants (patch 0009's gemv and the
+tiled kernel), and one column
 and more take different tile shapes in tinyBLAS, so these tests hold them to the same bytes."""
 
 from __future__ import annotations

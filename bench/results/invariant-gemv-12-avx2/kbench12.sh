@@ -1,0 +1,7 @@
+#!/bin/bash
+cd /work/main
+for tag in b12-before b12-after b12-before2 b12-after2; do
+  case $tag in *after*) export SKIPPY_LLAMA_DEV_TREE=/work/scratch/dev;; *) unset SKIPPY_LLAMA_DEV_TREE;; esac
+  .venv/bin/python bench/batch_invariance.py --models gemma3 falcon-h1 --batches 12 --rounds 2 --out /work/scratch/kbench/$tag > /work/scratch/kbench/$tag.log 2>&1
+done
+echo DONE
