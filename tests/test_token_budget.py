@@ -13,7 +13,8 @@ from hypothesis import strategies as st
 from skippy.scheduling import Composer, Request, RequestState
 from skippy.scheduling.budget import TokenBudget
 from skippy.scheduling.cost import MIN_SAMPLES, StepCostModel, StepShape, attended_kcells, equal_splits
-from skippy.scheduling.slo import (BORROW, LATE_STEP_TTFTS, MARGIN, STALL_TPOTS, TPOT_FACTOR, SloPolicy,
+from skippy.scheduling.slo import (ADVISORY_SPREAD, ADVISORY_STALL_SHARE, BORROW, LATE_STEP_TTFTS, MARGIN, REFERENCE_PROMPT, STALL_TPOTS,
+                                  TPOT_FACTOR, SloPolicy,
                                   reference_ttft, sure_tokens)
 
 
@@ -356,3 +357,33 @@ def test_over_recurrent_memory_prompt_chunks_beside_decode_rows_share_one_length
     b = TokenBudget(512, slo)
     whole, split = b.prefill_tokens(on, now, True), b.prefill_tokens(on, now, True, split=True)
     assert whole - split == pytest.approx(cost.split_seconds() / cost.per_prefill_token(), abs=1.5)
+
+
+def test_advisory_targets_give_prompts_a_chunk_beside_the_decodes_however_far_behind_the_streams_are():
+    """Derived targets (none configured) are advisory: a stream behind the derived TPOT is not marked late,
+    and a step may still carry the prompts in flight spread over ADVISORY_SPREAD steps, within
+    ADVISORY_STALL_SHARE of a step that fills n_batch; under a configured target of the same value those streams are late (they yield to
+    on-time prompts, scheduling.budget)."""
+    advisory = SloPolicy(trained())
+    t = advisory.resolve()
+    assert t.advisory and "advisory" in t.describe(advisory.cost)
+    assert not SloPolicy(trained(), tpot_s=t.tpot_s).resolve().advisory
+    assert not SloPolicy(trained(), ttft_s=2.0).resolve().advisory
+    now = 100.0
+    behind = [stream(i, t_first=now - 10.0, generated=10) for i in range(16)]  # mean gap 1 s: far behind
+    b = TokenBudget(512, advisory)
+    alone = b.prefill_tokens(behind, now, True, prompts=128)
+    many = b.prefill_tokens(behind, now, True, prompts=8 * 128)
+    assert not any(r.late for r in behind)
+    assert abs(alone - 128 // ADVISORY_SPREAD) <= 8, alone  # the model's fit of `cpu`: within a few tokens
+    # many prompts: as many tokens as keep the step within a share of one that fills n_batch
+    kc = sum(r.cached + 1 for r in behind) / 1000.0
+    full = cpu(StepShape(16, 512 - 16, kc + attended_kcells(0, 496), 1))
+    fits = max(n for n in range(1, 497) if cpu(StepShape(16, n, kc + attended_kcells(0, n), 1)) <= ADVISORY_STALL_SHARE * full)
+    assert 16 < fits < 8 * 128 // ADVISORY_SPREAD and abs(many - fits) <= 8, (many, fits)
+    assert b.prefill_tokens(behind, now, True) == b.prefill_tokens(behind, now, True, prompts=REFERENCE_PROMPT * ADVISORY_SPREAD)
+    assert advisory.gate(behind, now) is None  # admission holds nobody back for them
+    held = [stream(i, t_first=now - 10.0, generated=10) for i in range(16)]
+    configured = TokenBudget(512, SloPolicy(trained(), tpot_s=t.tpot_s))
+    assert configured.prefill_tokens(held, now, True, prompts=4 * 128) == 512 - 16
+    assert all(r.late for r in held)

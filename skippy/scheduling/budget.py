@@ -49,14 +49,15 @@ class TokenBudget:
             self.slo.cost.observe(shape, seconds)
 
     def prefill_tokens(self, decoding: Sequence[Request], now: float, waiting_on_time: bool = False,
-                       start: int = 0, split: bool = False) -> int:
+                       start: int = 0, split: bool = False, prompts: int | None = None) -> int:
         """`waiting_on_time`: a prompt that can still make its first-token deadline waits for prefill.
         `start`: about where the prefill goes (its attention cost grows with the context). `split`: a chunk
-        beside the decode rows is a ubatch of its own (recurrent memory); a chunk of `min_prefill` 1 is not."""
+        beside the decode rows is a ubatch of its own (recurrent memory); a chunk of `min_prefill` 1 is not.
+        `prompts`: the prompts in flight, their tokens whole (what advisory targets spread, scheduling.slo)."""
         room = max(0, self.n_batch - len(decoding))
         if not decoding or self.slo is None:
             return room
-        seconds = self.slo.step_seconds(decoding, now, waiting_on_time)
+        seconds = self.slo.step_seconds(decoding, now, waiting_on_time, prompts=prompts, n_batch=self.n_batch)
         if seconds == math.inf:
             return room
         allowed = self.slo.cost.prefill_for(seconds, self.slo.decode_shape(decoding), start, split)

@@ -157,7 +157,8 @@ class Composer:
         if self.budget is not None and fit and prefilling:
             on_time = any(not r.late for r in prefilling)
             left = min(left, self.budget.prefill_tokens(fit, now, on_time, prefilling[0].cached,
-                                                        split=self.equal_split))
+                                                        split=self.equal_split,
+                                                        prompts=sum(r.cached + r.pending for r in prefilling)))
         kcells = sum(r.cached + 1 for r in fit) / 1000.0
         joined = 0  # beside decode rows over recurrent memory: the one chunk length of this step's ubatch
         for r in prefilling:

@@ -25,6 +25,21 @@ Targets not given are derived from this machine's step costs (the cost model, fe
 open): TPOT = TPOT_FACTOR x a one-row decode step, TTFT = TTFT_FACTOR x a request's own prompt
 computed alone (a REFERENCE_PROMPT's, for a shorter one: a short prompt still waits its turn), the
 gate's scaled SLO.
+
+With neither target configured the derived ones are *advisory*: they shape steps, they do not hold
+anyone back. Nobody is scored on a guess, and holding a request in the queue to keep a guessed
+TPOT trades a wait the user sees for a gain nobody asked for: served closed-loop on falcon-h1
+(bench/results/n8-after-0019-avx2) the hold-back gave a TTFT p99 5-10x llama-server's, lower
+throughput and no lower ITL p99. So admission goes as memory and lanes allow (FCFS by priority),
+nothing is marked late, and a step may always carry prefill beside its decode rows: the prompts in
+flight spread over ADVISORY_SPREAD steps, as long as the step stays within ADVISORY_STALL_SHARE of
+one that fills n_batch (llama-server's way; the ruling in #36: ITL p99 <= 0.25x llama-server's in
+a closed burst). What was tried, served closed-loop at N=32 on falcon-h1 (chat), in
+bench/results/advisory-targets: a chunk in proportion to the decodes (two decode-only steps a step)
+fell to a few tokens with few streams running and the set settled at 3-5 (TTFT p50 41 s); a whole
+REFERENCE_PROMPT a step gave ITL p99 0.29-0.33x; spread over four steps, 0.29x (a quarter of the
+steps still carried near a whole prompt).
+A configured target holds steps to the target instead.
 """
 
 from __future__ import annotations
@@ -47,6 +62,8 @@ AGING_TTFTS = 4.0  # waiting this many TTFT targets counts as one priority level
 LATE_LANES = 1  # late streams that decode every step whatever on-time work needs (so each one ends)
 BORROW = 0.5  # share of a stream's sure headroom to come (target pace minus its decode pace) a step may spend now
 LATE_STEP_TTFTS = 0.1  # with nothing on time to serve, a step of late work may take this share of a TTFT target
+ADVISORY_SPREAD = 4  # advisory targets: a prompt's prefill goes over at least this many steps beside decodes
+ADVISORY_STALL_SHARE = 0.25  # advisory targets: a step takes at most this share of one that fills n_batch
 
 
 @attrs.frozen
@@ -58,12 +75,19 @@ class SloTargets:
     tpot_s: float
     derived: bool = False
 
+    @property
+    def advisory(self) -> bool:
+        """Neither target configured: they shape steps and hold nobody back (see the module's docstring)."""
+        return self.derived and self.ttft_s is None
+
     def describe(self, cost: StepCostModel) -> str:
         ttft = (f"{1e3 * self.ttft_s:.0f} ms" if self.ttft_s is not None else
                 f"{TTFT_FACTOR:g}x the prompt alone ({1e3 * reference_ttft(cost):.0f} ms at {REFERENCE_PROMPT} tokens)")
         how = (f"derived: TPOT {TPOT_FACTOR:g}x a one-row decode step ({1e3 * one_row(cost):.1f} ms)"
                if self.derived else "configured")
-        return f"TTFT {ttft}, TPOT {1e3 * self.tpot_s:.1f} ms ({how})"
+        role = ("; advisory: they shape steps, admission holds nobody back for them (configure either to"
+                " plan admission for goodput)" if self.advisory else "")
+        return f"TTFT {ttft}, TPOT {1e3 * self.tpot_s:.1f} ms ({how}){role}"
 
 
 def one_row(cost: StepCostModel) -> float:
@@ -168,22 +192,25 @@ class SloPolicy:
     # -- the step ---------------------------------------------------------------------
 
     def step_seconds(self, decoding: Sequence[Request], now: float, waiting_on_time: bool,
-                     borrow: bool = True) -> float:
+                     borrow: bool = True, prompts: int | None = None, n_batch: int | None = None) -> float:
         """How long the next step may take: the least slack of the on-time streams (at least nothing, at
         most STALL_TPOTS targets; a stream's slack counts BORROW of the headroom its sure tokens to come
         will have, see sure_tokens; `borrow` False: banked slack only, what late rows may have); with no on-time stream, as long as prompts that can still make their
         first-token deadline need (unbounded), else late_step_seconds: a backlog of late work drains at
-        batch throughput, not one TPOT target's worth a step."""
+        batch throughput, not one TPOT target's worth a step. Advisory targets: nobody is marked late, and
+        the step may always carry a REFERENCE_PROMPT's prefill beside these rows."""
         t = self.resolve()
         if t is None:
             return math.inf
         slack = math.inf
         pace = MARGIN * t.tpot_s
         decode = None  # a decode-only step of these rows: the pace a stream catches up at (asked once)
+        advisory = t.advisory
         for r in decoding:
             if r.t_first is None:
                 continue  # its first token (a fork, a prompt shared whole): its deadline is the TTFT one
-            self.update_stream(r, now, t.tpot_s)
+            if not advisory:
+                self.update_stream(r, now, t.tpot_s)
             if not r.late:
                 own = self.token_deadline(r, t.tpot_s) - now
                 if borrow and own < slack:  # only a stream that may bind needs its headroom
@@ -195,7 +222,27 @@ class SloPolicy:
                 slack = min(slack, own)
         if slack == math.inf:
             return math.inf if waiting_on_time else self.late_step_seconds(t)
-        return min(max(slack, 0.0), STALL_TPOTS * t.tpot_s)
+        seconds = min(max(slack, 0.0), STALL_TPOTS * t.tpot_s)
+        if advisory and decoding:
+            seconds = max(seconds, self.advisory_step_seconds(decoding, prompts, n_batch))
+        return seconds
+
+    def advisory_step_seconds(self, decoding: Sequence[Request], prompts: int | None = None,
+                              n_batch: int | None = None) -> float:
+        """What a step may always take under advisory targets: its decode rows and, beside them, the
+        prompts in flight (`prompts`: their tokens, whole; None: a REFERENCE_PROMPT's worth) spread over
+        ADVISORY_SPREAD steps, within ADVISORY_STALL_SHARE of a step that fills `n_batch` (the module's
+        docstring)."""
+        shape = self.decode_shape(decoding)
+        rows, kcells = shape.decode_rows, shape.attended_kcells
+
+        def with_prompt(n: int) -> float:
+            return self.cost.seconds(StepShape(rows, n, kcells + attended_kcells(0, n), 1))
+
+        want = with_prompt(REFERENCE_PROMPT if prompts is None else -(-prompts // ADVISORY_SPREAD))
+        if n_batch is None or n_batch <= rows:
+            return want
+        return min(want, ADVISORY_STALL_SHARE * with_prompt(n_batch - rows))
 
     def late_step_seconds(self, t: SloTargets) -> float:
         """A step when only late work is left: LATE_STEP_TTFTS of a TTFT target (at least one TPOT target).
@@ -210,10 +257,11 @@ class SloPolicy:
     # -- admission ----------------------------------------------------------------------
 
     def gate(self, running: Sequence[Request], now: float) -> "SloGate | None":
-        """What admission needs this step, or None while there are no targets or the cost model has too little
-        evidence to predict with (admit as memory allows: a guess must not shed anyone)."""
+        """What admission needs this step, or None while there are no targets, while they are advisory, or while
+        the cost model has too little evidence to predict with (admit as memory allows: a guess must not
+        hold back or shed anyone)."""
         t = self.resolve()
-        if t is None or not self.cost.calibrated:
+        if t is None or not self.cost.calibrated or t.advisory:
             return None
         cells = backlog = late = 0
         ends: list[int] = []

@@ -535,8 +535,11 @@ class StepScheduler:
     def _mark_late_prompts(self, now: float) -> bool:
         """Whether steps are planned against targets; running prompts that could no longer make their first
         token in time are marked late (they stop taking budget from those that can)."""
-        if self.slo is None or self.tell_targets() is None:
+        targets = self.tell_targets() if self.slo is not None else None
+        if targets is None:
             return False
+        if targets.advisory:
+            return True  # nobody is late against a guess (scheduling.slo)
         for r in self.running:
             if not r.late and r.t_first is None and r.pending > 1 and self.slo.prefill_hopeless(r, now):
                 r.late = True
