@@ -130,10 +130,12 @@ def _add_latency_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tpot-slo-ms", "--tpot-target-ms", dest="tpot_slo_ms", type=_target_ms, default=None,
                         metavar="MS", help="time-per-output-token target: each step takes only the prefill the "
                              "running streams' slack allows, and admission stops before one more stream would "
-                             "push decodes past it (default: 5x a one-row decode step on this machine)")
+                             "push decodes past it (default: 5x a one-row decode step on this machine; derived "
+                             "targets are advisory: they shape steps but hold no request back)")
     parser.add_argument("--shed-late", action="store_true",
                         help="refuse (429 + Retry-After) a request that can no longer meet its TTFT target when its "
-                             "turn comes, instead of serving it after the on-time ones")
+                             "turn comes, instead of serving it after the on-time ones (needs --ttft-slo-ms or "
+                             "--tpot-slo-ms)")
     parser.add_argument("--slo-scheduling", action=argparse.BooleanOptionalAction, default=True,
                         help="plan steps and admission against the targets (default: on); --no-slo-scheduling "
                              "fills every step up to n_batch and admits by memory alone (for comparison)")

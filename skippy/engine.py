@@ -345,6 +345,12 @@ def build_policies(runtime: Runtime, cfg: EngineConfig, plan: LanePlan, clock: C
 
 def _token_budget(n_batch: int, cfg: EngineConfig) -> TokenBudget:
     ttft, tpot = check_target("ttft_slo_ms", cfg.ttft_slo_ms), check_target("tpot_slo_ms", cfg.tpot_slo_ms)
+    if cfg.shed_late and ttft is None and tpot is None and cfg.slo_scheduling:
+        from .errors import InvalidInputError
+
+        # derived targets are advisory (scheduling.slo): nobody is late against them, so nothing would be shed
+        raise InvalidInputError("shed_late needs a latency target to shed against: give ttft_slo_ms or "
+                                "tpot_slo_ms (--ttft-slo-ms / --tpot-slo-ms)")
     slo = SloPolicy(ttft_s=ttft, tpot_s=tpot, shed_late=bool(cfg.shed_late)) if cfg.slo_scheduling else None
     return TokenBudget(n_batch, slo, min_prefill=max(1, int(cfg.min_prefill_tokens)))
 

@@ -159,3 +159,18 @@ def test_derived_targets_shape_steps_but_hold_nobody_back_in_a_closed_burst():
     assert advisory["gap_max"] <= 1.1 * bound, (advisory["gap_max"], bound)
     assert advisory["gap_max"] < 0.5 * free["gap_max"], (advisory["gap_max"], free["gap_max"])
     assert advisory["stats"].slo_shed == 0
+
+
+def test_shed_late_without_a_target_is_refused_and_bad_targets_are_named():
+    """Derived targets are advisory, so nobody is ever late against them: `shed_late` with neither target
+    would shed nothing, silently. It is refused at open with the option to give instead."""
+    from skippy.errors import InvalidInputError
+
+    rt = FakeRuntime(n_ctx=1024, n_batch=64, n_seq_max=4, n_vocab=64)
+    with pytest.raises(InvalidInputError, match="ttft_slo_ms or tpot_slo_ms"):
+        SyncScheduler(rt, shed_late=True)
+    SyncScheduler(rt, shed_late=True, ttft_slo_ms=500.0)  # one target is enough to be late against
+    SyncScheduler(rt, shed_late=True, slo_scheduling=False)  # no targets at all: the flag has nothing to do
+    for bad in (0, -5.0, float("nan"), True, "100"):
+        with pytest.raises(InvalidInputError, match="tpot_slo_ms must be a positive number"):
+            SyncScheduler(rt, tpot_slo_ms=bad)

@@ -39,6 +39,7 @@ async def test_derived_targets_show_in_metrics(synth_model_path):
                 text = (await http.get("/metrics")).text
             said = engine.latency_targets()
     assert "derived" in said and "TPOT" in said and "TTFT" in said  # what `skippy serve` prints at start
+    assert "advisory" in said  # none configured: they shape steps and hold nobody back (scheduling.slo)
     # the probe at open measured this machine: a one-row step's 5x, and a 128-token prompt's 10x
     assert 0 < metric(text, "skippy_slo_tpot_target_seconds") < 10
     assert 0 < metric(text, "skippy_slo_ttft_target_seconds") < 60
