@@ -37,8 +37,8 @@ one that fills n_batch (llama-server's way; the ruling in #36: ITL p99 <= 0.25x 
 a closed burst). What was tried, served closed-loop at N=32 on falcon-h1 (chat), in
 bench/results/advisory-targets: a chunk in proportion to the decodes (two decode-only steps a step)
 fell to a few tokens with few streams running and the set settled at 3-5 (TTFT p50 41 s); a whole
-REFERENCE_PROMPT a step gave ITL p99 0.29-0.33x; spread over four steps, 0.29x (a quarter of the
-steps still carried near a whole prompt).
+REFERENCE_PROMPT a step gave ITL p99 0.29x; prompts spread over two or four steps (at most a
+REFERENCE_PROMPT) 0.33x and 0.29x; the share of a full step kept here 0.27x (0.31x over two rounds).
 A configured target holds steps to the target instead.
 """
 
@@ -198,7 +198,7 @@ class SloPolicy:
         will have, see sure_tokens; `borrow` False: banked slack only, what late rows may have); with no on-time stream, as long as prompts that can still make their
         first-token deadline need (unbounded), else late_step_seconds: a backlog of late work drains at
         batch throughput, not one TPOT target's worth a step. Advisory targets: nobody is marked late, and
-        the step may always carry a REFERENCE_PROMPT's prefill beside these rows."""
+        the step may always take advisory_step_seconds (`prompts`, `n_batch`: what it needs)."""
         t = self.resolve()
         if t is None:
             return math.inf
