@@ -69,8 +69,9 @@ class EngineConfig:
     context_options: Mapping[str, Any] = attrs.field(factory=dict)  # extra ContextOptions fields
     # On by default: exact-output parity (a request's tokens do not depend on its batch-mates)
     # is the pre-gate. Measured cost (bench/results/batch-invariance): decode within noise of
-    # the default kernels, prefill slower (one-row attention instead of the tiled kernel, and
-    # no repacked weights); see the issue note for the figures.
+    # the default kernels, prefill slower where no repacked weights cover the type; attention in
+    # blocks of a row's own cells (patch 0020, AVX2) brought a Q4_1 prompt to the default
+    # kernels' time (bench/results/prefill-q41-avx2).
     batch_invariant: bool = True
     # The batch-invariance self-check (skippy.check) of the model on this build, when batch_invariant:
     # "cached" reads a stored verdict only (opens stay fast; none: unverified), "run" runs the check

@@ -41,6 +41,25 @@ def kernel_runs(native_build, tmp_path_factory) -> dict[bool, dict[str, tuple[st
     return runs
 
 
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    return {flag for line in text.splitlines() if line.startswith("flags") for flag in line.split(":", 1)[1].split()}
+
+
+BLOCKED_KERNEL = {"avx2", "fma", "f16c"} <= _cpu_flags()  # patch 0020's kernel; the build is -march=native
+
+
+@pytest.fixture(scope="module")
+def row_kernel_runs(native_build, tmp_path_factory) -> dict[str, tuple[str, float]]:
+    """The same cases with SKIPPY_FA_INV_ROWS=1: batch-invariant mode on the one-row kernel (before 0020)."""
+    exe = build_harness(native_build, HARNESS, tmp_path_factory.mktemp("harness-rows"), public_api_flags(native_build))
+    env = {**_env(False), "SKIPPY_FA_INV_ROWS": "1"}
+    return {case: (digest, float(worst)) for case, digest, worst in run_harness(exe, env=env)}
+
+
 def _tiled_candidate(case: str) -> bool:
     """Cases where upstream takes the tiled kernel: 64+ queries outside batch-invariant mode."""
     return ("_q96_" in case or "_q128_" in case) and "_default_" in case
@@ -119,3 +138,22 @@ def test_default_mode_logits_are_unchanged_below_the_tiled_threshold(name, reque
     """Ubatches of 32 never reach the tiled kernel, so only the cell walk differs."""
     path = request.getfixturevalue(f"{name}_path")
     assert _logits_digest(path, False, 32, False) == _logits_digest(path, False, 32, True)
+
+
+@pytest.mark.skipif(not BLOCKED_KERNEL, reason="patch 0020's blocked kernel is built for AVX2 + FMA + F16C only; "
+                    "this CPU lacks one of them, so invariant mode keeps the one-row kernel")
+def test_invariant_mode_takes_the_blocked_kernel_and_stays_within_the_reference(kernel_runs, row_kernel_runs):
+    """Patch 0020: invariant rows go through the blocked kernel (f32 accumulation: other bytes than the
+    one-row kernel's f16 accumulator in every invariant case), within the double-precision bound and no
+    further from it than the one-row kernel; SKIPPY_FA_INV_ROWS changes nothing in default mode."""
+    blocked = kernel_runs[False]
+    assert blocked.keys() == row_kernel_runs.keys()
+    invariant = [case for case in blocked if "_invariant_" in case]
+    assert len(invariant) == 28
+    for case in blocked:
+        if "_invariant_" in case:
+            assert blocked[case][0] != row_kernel_runs[case][0], case
+            assert blocked[case][1] < 5e-3 and blocked[case][1] <= row_kernel_runs[case][1] * 1.01 + 1e-6, \
+                (case, blocked[case][1], row_kernel_runs[case][1])
+        else:
+            assert blocked[case][0] == row_kernel_runs[case][0], case
